@@ -1,0 +1,13 @@
+option(MODELD_WERROR "Treat warnings as errors" OFF)
+option(MODELD_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
+
+function(modeld_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wno-missing-field-initializers)
+  if(MODELD_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(MODELD_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()

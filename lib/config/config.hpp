@@ -1,0 +1,132 @@
+#pragma once
+// The typed configuration: /etc/modeld/modeld.toml plus every *.toml in models.d/ beside it.
+// Keys, defaults and meanings are fixed by ../shared/spec/interface.md ("Configuration").
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace modeld::config {
+
+using std::chrono::milliseconds;
+
+/// [daemon]: where modeld keeps models, state, its socket and the drop-ins it writes.
+struct DaemonConfig {
+  std::filesystem::path models_dir = "/var/lib/modeld/models";
+  std::filesystem::path state_dir = "/var/lib/modeld/state";
+  std::filesystem::path socket = "/run/modeld/modeld.sock";
+  std::filesystem::path unit_dir = "/run/systemd/system";
+  std::uint64_t disk_reserve = 20ull << 30;  ///< bytes never to fill on the models_dir file system
+};
+
+/// [control]: who may call mutating routes besides root.
+struct ControlConfig {
+  std::string group = "modeld";
+};
+
+/// [hub]: the Hub endpoint, credentials and download settings.
+struct HubConfig {
+  std::string endpoint = "https://huggingface.co";  ///< resolved: config, else $HF_ENDPOINT, else default
+  std::filesystem::path token_file;                  ///< empty: credential "hf-token", else $HF_TOKEN
+  unsigned parallel_files = 8;                        ///< files downloaded at once, 1..64
+  std::uint64_t max_bytes_per_s = 0;                  ///< 0 = unlimited
+  std::filesystem::path ca_file;                      ///< extra PEM bundle trusted besides the system store
+};
+
+/// [metrics]
+struct MetricsConfig {
+  std::string listen;  ///< "HOST:PORT" to also serve /metrics over TCP; empty = socket only
+};
+
+/// [models.NAME.serve]: how to run the inference server.
+struct ServeConfig {
+  std::vector<std::string> command;               ///< argv with {model_dir} {name} {served_name} {port}
+  std::uint16_t port = 8000;
+  std::string served_name;                         ///< default: the model's NAME
+  std::map<std::string, std::string> environment;  ///< written into the drop-in: no secrets
+  milliseconds startup_timeout = std::chrono::minutes(60);
+  milliseconds stop_timeout = std::chrono::minutes(5);
+};
+
+/// [models.NAME.health]: readiness and post-deploy probes.
+struct HealthConfig {
+  std::string path = "/health";
+  std::string models_path = "/v1/models";
+  bool completion = true;
+  std::filesystem::path api_key_file;
+  milliseconds stall_timeout = std::chrono::minutes(10);
+  milliseconds watch_interval = std::chrono::seconds(30);
+  unsigned watch_failures = 3;
+};
+
+/// [models.NAME.benchmark]
+struct BenchmarkConfig {
+  bool enabled = false;
+  std::string prompt = "Write a haiku about GPUs.";
+  unsigned max_tokens = 256;
+};
+
+/// [models.NAME]: one deployable model.
+struct ModelConfig {
+  std::string name;  ///< the table's key; valid per interface.md "Model names"
+  std::string repo;  ///< "org/name"
+  std::string revision = "main";
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  bool pinned = false;
+  ServeConfig serve;
+  HealthConfig health;
+  BenchmarkConfig benchmark;
+  std::filesystem::path source_file;  ///< the file that defined this model, for messages
+};
+
+/// The whole configuration after defaults and environment are applied.
+struct Config {
+  std::filesystem::path file;  ///< the main configuration file
+  DaemonConfig daemon;
+  ControlConfig control;
+  HubConfig hub;
+  MetricsConfig metrics;
+  std::map<std::string, ModelConfig> models;  ///< by name
+
+  /// Returns the model called `name`, or nullptr.
+  const ModelConfig* find_model(const std::string& name) const;
+};
+
+/// One problem found while loading: where it is and what is wrong.
+struct Problem {
+  std::filesystem::path file;
+  int line = 0;    ///< 1-based; 0 when the problem has no position (a missing file)
+  int column = 0;  ///< 1-based
+  std::string message;  ///< names the key, e.g. "unknown key 'paralel_files' in [hub]"
+
+  /// "FILE:LINE:COL: message" as `modeld --check-config` prints it (interface.md).
+  std::string to_string() const;
+};
+
+/// Environment values that fill keys the files leave out (explicit config wins).
+struct Environment {
+  std::optional<std::string> hf_endpoint;  ///< $HF_ENDPOINT
+};
+
+/// Reads the environment variables that Environment describes.
+Environment environment_from_process();
+
+/// Loads `file` and every `*.toml` in `models.d/` beside it (sorted by name; model tables only),
+/// validates every key, type and value, and applies `env`; returns the Config, or every problem
+/// found (never stops at the first). A missing main file is a problem with line 0.
+struct LoadResult {
+  std::optional<Config> config;
+  std::vector<Problem> problems;
+};
+LoadResult load(const std::filesystem::path& file, const Environment& env);
+
+/// Fills the placeholders {model_dir}, {name}, {served_name}, {port} in `command`; other
+/// brace sequences stay as they are.
+std::vector<std::string> expand_command(const ModelConfig& model, const std::filesystem::path& model_dir);
+
+}  // namespace modeld::config

@@ -1,0 +1,134 @@
+#pragma once
+// The on-disk store (../shared/docs/design.md "Store"): models_dir/.store/NAME/COMMIT/ holds one
+// revision's files, models_dir/NAME is a symlink to the revision in service, switched with
+// rename(2). Each revision's .modeld/manifest.json is written only after verification.
+// Also: disk space and the eviction plan for freeing_disk.
+
+#include "hub/hub.hpp"
+#include "util/error.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace modeld::store {
+
+/// What was seen of one file when its revision was verified (for fast re-verification).
+struct FileIdentity {
+  std::uint64_t device = 0, inode = 0, size = 0;
+  std::int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+/// One verified file of a manifest.
+struct ManifestFile {
+  std::string path;
+  std::uint64_t size = 0;
+  std::string sha256;    ///< LFS files; empty otherwise
+  std::string git_sha1;  ///< the listing's blob id (of the pointer for LFS files)
+  FileIdentity identity;
+};
+
+/// The record that a revision on disk is complete and verified.
+struct Manifest {
+  std::string repo;
+  std::string revision;
+  std::string commit;
+  std::string verified_at;  ///< RFC 3339
+  std::vector<ManifestFile> files;
+  std::uint64_t size_bytes() const;
+};
+
+/// Reads the identity of the file at `path` (lstat; a symlink is reported as io_error).
+Result<FileIdentity> identity_of(const std::filesystem::path& path);
+
+/// Free bytes for an unprivileged writer on the file system of `path` (statvfs f_bavail).
+Result<std::uint64_t> free_bytes(const std::filesystem::path& path);
+
+/// A model found on disk.
+struct StoredModel {
+  std::string name;
+  std::optional<std::string> linked_commit;  ///< where models_dir/NAME points, if anywhere
+  std::vector<std::string> commits;          ///< revisions under .store/NAME/
+  std::uint64_t size_bytes = 0;              ///< all revisions, partial files included (hard links counted once)
+};
+
+/// The store under one models_dir.
+class Store {
+ public:
+  explicit Store(std::filesystem::path models_dir);
+
+  const std::filesystem::path& models_dir() const { return models_dir_; }
+  /// models_dir/.store/NAME/COMMIT
+  std::filesystem::path revision_dir(const std::string& name, const std::string& commit) const;
+  /// models_dir/NAME (the path the serve command gets as {model_dir})
+  std::filesystem::path model_path(const std::string& name) const;
+
+  /// Creates models_dir/.store/NAME/COMMIT/.modeld/partial; returns io_error on failure.
+  Result<void> prepare_revision(const std::string& name, const std::string& commit);
+
+  /// The commit that models_dir/NAME points to, or nullopt when there is no link.
+  std::optional<std::string> linked_commit(const std::string& name) const;
+
+  /// Points models_dir/NAME at revision `commit` atomically (symlink + rename + directory fsync).
+  Result<void> switch_link(const std::string& name, const std::string& commit);
+
+  /// The manifest of a revision, nullopt when there is none; io_error/bad manifest as error.
+  Result<std::optional<Manifest>> read_manifest(const std::string& name, const std::string& commit) const;
+
+  /// Writes the manifest of a revision atomically (after verification only).
+  Result<void> write_manifest(const std::string& name, const Manifest& manifest);
+
+  /// Whether the revision has a manifest whose every file still has its recorded identity
+  /// (no hashing: a stat per file).
+  bool manifest_still_matches(const std::string& name, const std::string& commit) const;
+
+  /// For a revision about to be fetched: hard-links into it every listed file that another
+  /// verified revision of the same model holds with the same digest and size; returns the
+  /// listed files that are still missing (not present with the listed size). Files already in
+  /// place are trusted only if a manifest or the fetch engine vouches for them later.
+  Result<std::vector<hub::RepoFile>> link_unchanged_and_list_missing(const std::string& name,
+                                                                      const hub::Snapshot& snapshot);
+
+  /// Bytes of partial downloads already on disk for a revision.
+  std::uint64_t partial_bytes(const std::string& name, const std::string& commit) const;
+
+  /// Every model with anything under models_dir.
+  std::vector<StoredModel> list() const;
+
+  /// Deletes every revision of `name` and its link, never following a symlink out of models_dir;
+  /// returns the bytes freed.
+  Result<std::uint64_t> remove_model(const std::string& name);
+
+  /// Deletes the revisions of `name` other than `keep_commit` (after a successful switch).
+  Result<std::uint64_t> remove_other_revisions(const std::string& name, const std::string& keep_commit);
+
+ private:
+  std::filesystem::path models_dir_;
+};
+
+/// A model that eviction may delete, with when it last served.
+struct EvictionCandidate {
+  std::string name;
+  std::uint64_t size_bytes = 0;
+  std::chrono::system_clock::time_point last_active;  ///< epoch when it never served
+};
+
+/// The outcome of disk planning.
+struct DiskPlan {
+  std::uint64_t bytes_needed = 0;     ///< still to download
+  std::uint64_t bytes_free = 0;       ///< free on the file system now
+  std::uint64_t reserve = 0;          ///< disk_reserve
+  std::vector<EvictionCandidate> evict;  ///< in the order they would be deleted
+  bool fits = false;                  ///< needed <= free - reserve + evicted bytes
+};
+
+/// Chooses what to evict: least recently active first from `candidates` (which the caller has
+/// already stripped of the active, pinned and target models) until bytes_needed fits.
+DiskPlan plan_disk(std::uint64_t bytes_needed, std::uint64_t bytes_free, std::uint64_t reserve,
+                   std::vector<EvictionCandidate> candidates);
+
+}  // namespace modeld::store

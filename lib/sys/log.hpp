@@ -1,0 +1,53 @@
+#pragma once
+// Logging for the daemon: spdlog in front, journald behind. Each line carries the contract's
+// structured fields (interface.md "Journal": SYSLOG_IDENTIFIER=modeld, MODELD_DEPLOYMENT,
+// MODELD_MODEL, MODELD_PHASE, MODELD_STATE) plus any extra MODELD_* fields.
+
+#include <fmt/format.h>
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace modeld::sys {
+
+/// Severity, mapped to syslog priorities in the journal (debug=7, info=6, notice=5, warning=4, error=3).
+enum class Level { debug, info, notice, warning, error };
+
+/// Structured journal fields attached to one line; empty values are left out.
+struct Fields {
+  std::string deployment;  ///< MODELD_DEPLOYMENT
+  std::string model;       ///< MODELD_MODEL
+  std::string phase;       ///< MODELD_PHASE
+  std::string state;       ///< MODELD_STATE (terminal lines)
+  std::string message_id;  ///< MESSAGE_ID (32 hex digits), for catalogued events
+  std::vector<std::pair<std::string, std::string>> extra;  ///< e.g. {"MODELD_FILE", "x.safetensors"}
+};
+
+/// Where log lines go.
+enum class Sink {
+  automatic,  ///< journald when stderr is the journal ($JOURNAL_STREAM) or not a terminal, else stderr
+  journal,    ///< journald only (sd_journal_sendv)
+  stderr_only ///< stderr only, with the phase and model in brackets
+};
+
+/// Sets up the process-wide logger; call once before logging. `verbose` enables debug lines.
+void init_logging(Sink sink, bool verbose);
+
+/// Writes one line with `fields`; never throws; the message must not contain secrets.
+void log(Level level, const Fields& fields, std::string_view message);
+
+/// Formats and writes one line with `fields`.
+template <class... Args>
+void logf(Level level, const Fields& fields, fmt::format_string<Args...> f, Args&&... args) {
+  log(level, fields, fmt::format(f, std::forward<Args>(args)...));
+}
+
+/// Writes one line without structured fields.
+template <class... Args>
+void logf(Level level, fmt::format_string<Args...> f, Args&&... args) {
+  log(level, Fields{}, fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace modeld::sys

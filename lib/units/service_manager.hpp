@@ -1,0 +1,64 @@
+#pragma once
+// The service manager seam: start, stop and query units, write drop-ins and reload. The systemd
+// backend talks to org.freedesktop.systemd1 over sd-bus (the only place in lib/ besides lib/sys
+// that uses libsystemd); tests may substitute a fake.
+
+#include "util/error.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace modeld::units {
+
+/// A unit's state as systemd reports it (ActiveState, SubState, ExecMainPID, ...).
+struct UnitStatus {
+  std::string active_state;  ///< "active", "inactive", "failed", "activating", "deactivating", "reloading"
+  std::string sub_state;     ///< "running", "dead", "exited", ...
+  std::uint32_t main_pid = 0;
+  int exec_main_status = 0;  ///< exit status of the main process when it exited
+  std::string result;        ///< systemd's Result property: "success", "exit-code", "signal", ...
+  bool loaded = false;       ///< LoadState == "loaded"
+};
+
+/// Unit name of a model's service: "modeld-serve@NAME.service" (interface.md).
+std::string serve_unit(const std::string& model);
+
+/// Starts, stops and inspects units.
+class ServiceManager {
+ public:
+  virtual ~ServiceManager() = default;
+  /// StartUnit(unit, "replace"); returns once the job is queued. unit_failed on a bus error.
+  virtual boost::asio::awaitable<Result<void>> start(const std::string& unit) = 0;
+  /// StopUnit(unit, "replace"); returns once the job is queued. A unit that is not loaded is not an error.
+  virtual boost::asio::awaitable<Result<void>> stop(const std::string& unit) = 0;
+  /// The unit's state (loads the unit if needed).
+  virtual boost::asio::awaitable<Result<UnitStatus>> status(const std::string& unit) = 0;
+  /// PIDs in the unit's cgroup (empty when none or unknown).
+  virtual boost::asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string& unit) = 0;
+  /// ResetFailed(unit), so a failed unit can start again.
+  virtual boost::asio::awaitable<Result<void>> reset_failed(const std::string& unit) = 0;
+  /// Reload(): makes systemd re-read unit files and drop-ins.
+  virtual boost::asio::awaitable<Result<void>> reload() = 0;
+  /// Writes unit_dir/UNIT.d/NAME atomically (mode 0644); io_error naming the path.
+  virtual Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) = 0;
+};
+
+/// The systemd backend on the system bus; `unit_dir` is where drop-ins go (/run/systemd/system).
+/// Bus calls run on a private thread so a slow systemd never blocks the event loop.
+/// Throws std::runtime_error when the system bus cannot be opened.
+std::unique_ptr<ServiceManager> make_systemd_manager(boost::asio::any_io_executor executor,
+                                                     std::filesystem::path unit_dir);
+
+/// Polls status() until the unit is inactive or failed (every 200 ms), up to `timeout`;
+/// stop_timeout naming the unit and its state otherwise; cancelled when the caller is cancelled.
+boost::asio::awaitable<Result<void>> wait_inactive(ServiceManager& manager, const std::string& unit,
+                                                   std::chrono::milliseconds timeout);
+
+}  // namespace modeld::units

@@ -1,0 +1,31 @@
+#pragma once
+// File system helpers that know nothing of models: atomic replacement, fsync, reading.
+
+#include "util/error.hpp"
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace modeld::util {
+
+/// Replaces `path` with `content` atomically: writes "path.tmp-PID", fsyncs it, renames it over
+/// `path` and fsyncs the directory; a crash leaves either the old or the new content, never a mix.
+/// Returns io_error (or disk_full on ENOSPC) naming the path.
+Result<void> write_file_atomically(const std::filesystem::path& path, std::string_view content,
+                                   unsigned mode = 0644);
+
+/// Reads a whole file of at most `max_bytes`; returns io_error naming the path, or not_found when
+/// it does not exist.
+Result<std::string> read_file(const std::filesystem::path& path, std::size_t max_bytes = 64u << 20);
+
+/// fsyncs the directory `dir`, making a rename or unlink inside it durable; returns io_error.
+Result<void> fsync_directory(const std::filesystem::path& dir);
+
+/// Renames `from` to `to` (same file system) and fsyncs the parent directory of `to`.
+Result<void> durable_rename(const std::filesystem::path& from, const std::filesystem::path& to);
+
+/// Maps an errno value from an operation on `path` to an Error ("PATH: what: strerror").
+Error errno_error(int err, const std::filesystem::path& path, std::string_view what);
+
+}  // namespace modeld::util

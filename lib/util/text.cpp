@@ -1,0 +1,97 @@
+#include "util/text.hpp"
+
+#include <fmt/format.h>
+
+#include <ctime>
+#include <fnmatch.h>
+
+namespace modeld::util {
+
+std::string to_hex(std::span<const unsigned char> bytes) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) {
+    out.push_back(digits[b >> 4]);
+    out.push_back(digits[b & 15]);
+  }
+  return out;
+}
+
+bool glob_match(std::string_view pattern, std::string_view path) {
+  std::string p(pattern), s(path);
+  return ::fnmatch(p.c_str(), s.c_str(), 0) == 0;
+}
+
+bool passes_filters(std::string_view path, const std::vector<std::string>& include,
+                    const std::vector<std::string>& exclude) {
+  bool included = include.empty();
+  for (const auto& g : include)
+    if (glob_match(g, path)) { included = true; break; }
+  if (!included) return false;
+  for (const auto& g : exclude)
+    if (glob_match(g, path)) return false;
+  return true;
+}
+
+std::string rfc3339(std::chrono::system_clock::time_point t) {
+  std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::chrono::system_clock::time_point parse_rfc3339(std::string_view s) {
+  std::tm tm{};
+  std::string str(s);
+  if (!::strptime(str.c_str(), "%Y-%m-%dT%H:%M:%SZ", &tm)) return {};
+  return std::chrono::system_clock::from_time_t(::timegm(&tm));
+}
+
+std::string url_encode_segment(std::string_view segment) {
+  std::string out;
+  for (unsigned char c : segment) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') out.push_back(static_cast<char>(c));
+    else out += fmt::format("%{:02X}", c);
+  }
+  return out;
+}
+
+std::string url_encode_path(std::string_view path) {
+  std::string out;
+  std::size_t start = 0;
+  for (;;) {
+    auto slash = path.find('/', start);
+    out += url_encode_segment(path.substr(start, slash == std::string_view::npos ? slash : slash - start));
+    if (slash == std::string_view::npos) break;
+    out.push_back('/');
+    start = slash + 1;
+  }
+  return out;
+}
+
+bool valid_model_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(name[0])) return false;
+  for (char c : name)
+    if (!alnum(c) && c != '.' && c != '_' && c != '-') return false;
+  return true;
+}
+
+bool safe_relative_path(std::string_view path) {
+  if (path.empty() || path.front() == '/') return false;
+  if (path.find('\0') != std::string_view::npos || path.find('\\') != std::string_view::npos) return false;
+  std::size_t start = 0;
+  for (;;) {
+    auto slash = path.find('/', start);
+    auto seg = path.substr(start, slash == std::string_view::npos ? slash : slash - start);
+    if (seg.empty() || seg == "." || seg == "..") return false;
+    if (slash == std::string_view::npos) return true;
+    start = slash + 1;
+  }
+}
+
+}  // namespace modeld::util

@@ -1,0 +1,44 @@
+#pragma once
+// Small text helpers: hex, globs, time stamps, URL path encoding.
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace modeld::util {
+
+/// Lower-case hex of `bytes` (two characters per byte).
+std::string to_hex(std::span<const unsigned char> bytes);
+
+/// Whether `path` matches the glob `pattern` as huggingface_hub's fnmatch does: '*' also
+/// matches '/', '?' one character, '[...]' a set (fnmatch(3) without FNM_PATHNAME).
+bool glob_match(std::string_view pattern, std::string_view path);
+
+/// Whether `path` passes the filters: matches one of `include` (or include is empty) and none of
+/// `exclude`.
+bool passes_filters(std::string_view path, const std::vector<std::string>& include,
+                    const std::vector<std::string>& exclude);
+
+/// Formats a time point as RFC 3339 UTC with seconds, e.g. "2026-11-29T19:39:42Z".
+std::string rfc3339(std::chrono::system_clock::time_point t);
+
+/// Parses an RFC 3339 UTC time written by rfc3339(); returns the epoch on bad input.
+std::chrono::system_clock::time_point parse_rfc3339(std::string_view s);
+
+/// Percent-encodes one URL path segment (RFC 3986 unreserved characters stay as they are).
+std::string url_encode_segment(std::string_view segment);
+
+/// Percent-encodes a path, keeping '/' separators ("a b/c" -> "a%20b/c").
+std::string url_encode_path(std::string_view path);
+
+/// Whether `name` is a valid model name: [a-z0-9][a-z0-9._-]{0,63} (interface.md).
+bool valid_model_name(std::string_view name);
+
+/// Whether a repository-relative path is safe to place under a folder: relative, no "..", no
+/// empty or "." segments, no NUL or backslash.
+bool safe_relative_path(std::string_view path);
+
+}  // namespace modeld::util

@@ -1,0 +1,29 @@
+#pragma once
+// Parsing and printing of the sizes and durations used in the configuration and in messages.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace modeld::util {
+
+/// Parses a size such as "20GiB", "500MB", "1.5 TB", "4096" (bytes); binary units (KiB..TiB)
+/// are powers of 1024, decimal ones (kB..TB) powers of 1000; returns nullopt on bad syntax or overflow.
+std::optional<std::uint64_t> parse_size(std::string_view text);
+
+/// Parses a duration such as "90s", "60m", "2h", "1h30m", "250ms"; a bare number is seconds;
+/// returns nullopt on bad syntax, a negative value or overflow.
+std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
+
+/// Formats a byte count for humans with decimal units as disk vendors do: "547.0 GB", "12 B".
+std::string format_bytes(std::uint64_t bytes);
+
+/// Formats a rate in bytes per second for humans: "1.2 GB/s".
+std::string format_rate(double bytes_per_s);
+
+/// Formats a duration for humans: "4 min", "36 s", "2 h 5 min".
+std::string format_duration(std::chrono::seconds d);
+
+}  // namespace modeld::util

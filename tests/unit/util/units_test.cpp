@@ -1,0 +1,41 @@
+#include "util/units.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace modeld::util;
+using namespace std::chrono_literals;
+
+TEST_CASE("sizes accept binary and decimal units as the contract writes them") {
+  CHECK(parse_size("20GiB") == 20ull << 30);
+  CHECK(parse_size("500MB") == 500'000'000ull);
+  CHECK(parse_size("0") == 0u);
+  CHECK(parse_size("1.5 TB") == 1'500'000'000'000ull);
+  CHECK(parse_size("4096") == 4096u);
+}
+
+TEST_CASE("sizes with unknown units or no number are refused") {
+  CHECK_FALSE(parse_size("20GB!"));
+  CHECK_FALSE(parse_size("GiB"));
+  CHECK_FALSE(parse_size("-5MB"));
+  CHECK_FALSE(parse_size("20 parsecs"));
+}
+
+TEST_CASE("durations accept seconds, minutes, hours and combinations") {
+  CHECK(parse_duration("90s") == 90s);
+  CHECK(parse_duration("60m") == 60min);
+  CHECK(parse_duration("2h") == 2h);
+  CHECK(parse_duration("1h30m") == 90min);
+  CHECK(parse_duration("250ms") == 250ms);
+  CHECK(parse_duration("15") == 15s);
+}
+
+TEST_CASE("durations with unknown units are refused") {
+  CHECK_FALSE(parse_duration("5 fortnights"));
+  CHECK_FALSE(parse_duration(""));
+  CHECK_FALSE(parse_duration("m"));
+}
+
+TEST_CASE("byte counts print with decimal units") {
+  CHECK(format_bytes(12) == "12 B");
+  CHECK(format_bytes(547'000'000'000ull) == "547.0 GB");
+}
