@@ -1,1 +1,216 @@
-int main() { return 0; }
+// modeld: the daemon. Parses arguments, loads the configuration, builds the pipeline's parts,
+// listens on the control socket, tells systemd it is ready and runs the io_context.
+
+#include "config/config.hpp"
+#include "control/server.hpp"
+#include "deploy/deployer.hpp"
+#include "http/client.hpp"
+#include "hub/hub.hpp"
+#include "store/store.hpp"
+#include "sys/listen_fds.hpp"
+#include "sys/log.hpp"
+#include "sys/notify.hpp"
+#include "units/service_manager.hpp"
+#include "util/files.hpp"
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+namespace asio = boost::asio;
+using namespace modeld;
+
+namespace {
+
+// The Hub token, by the contract's precedence: [hub] token_file, else the systemd credential
+// "hf-token", else $HF_TOKEN. Its value is never logged; only where it came from is.
+struct Token {
+  std::string value;
+  std::string source;  // "token_file /etc/modeld/hf-token", "credential hf-token", "$HF_TOKEN", "none"
+};
+
+Result<Token> read_token(const config::Config& cfg) {
+  auto clean = [](std::string t) {
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+    return t;
+  };
+  if (!cfg.hub.token_file.empty()) {
+    auto t = util::read_file(cfg.hub.token_file, 64 * 1024);
+    if (!t) return make_error(Errc::config_invalid, "hub.token_file: " + t.error().message);
+    return Token{clean(*t), "token_file " + cfg.hub.token_file.string()};
+  }
+  if (const char* dir = std::getenv("CREDENTIALS_DIRECTORY")) {
+    auto path = std::filesystem::path(dir) / "hf-token";
+    if (std::filesystem::exists(path)) {
+      auto t = util::read_file(path, 64 * 1024);
+      if (t && !clean(*t).empty()) return Token{clean(*t), "credential hf-token"};
+    }
+  }
+  if (const char* env = std::getenv("HF_TOKEN"); env && *env) return Token{clean(env), "$HF_TOKEN"};
+  return Token{"", "none"};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"modeld: puts large language models into service (download, verify, launch, health-check)"};
+  std::string config_file = "/etc/modeld/modeld.toml";
+  bool check_only = false, verbose = false, version = false;
+  app.add_option("--config", config_file, "configuration file")->capture_default_str();
+  app.add_flag("--check-config", check_only, "parse and validate the configuration, print problems, exit 0 or 1");
+  app.add_flag("-v,--verbose", verbose, "log debug lines");
+  app.add_flag("--version", version, "print the version");
+  CLI11_PARSE(app, argc, argv);
+  if (version) {
+    std::printf("modeld %s\n", MODELD_VERSION);
+    return 0;
+  }
+
+  auto loaded = config::load(config_file, config::environment_from_process());
+  if (check_only) {
+    for (const auto& p : loaded.problems) std::fprintf(stderr, "%s\n", p.to_string().c_str());
+    if (loaded.config && loaded.problems.empty()) {
+      std::printf("%s: valid, %zu model(s)\n", config_file.c_str(), loaded.config->models.size());
+      return 0;
+    }
+    return 1;
+  }
+
+  sys::init_logging(sys::Sink::automatic, verbose);
+  if (!loaded.config || !loaded.problems.empty()) {
+    for (const auto& p : loaded.problems) sys::log(sys::Level::error, {}, p.to_string());
+    sys::logf(sys::Level::error, "configuration {} is invalid: {} problem(s); not starting", config_file,
+              loaded.problems.size());
+    return 1;
+  }
+  auto cfg = std::make_shared<const config::Config>(std::move(*loaded.config));
+
+  auto token = read_token(*cfg);
+  if (!token) {
+    sys::log(sys::Level::error, {}, token.error().message);
+    return 1;
+  }
+
+  try {
+    asio::io_context io(1);
+    asio::thread_pool disk_pool(std::max(2u, std::thread::hardware_concurrency()));
+
+    auto endpoint = http::Url::parse(cfg->hub.endpoint);
+    if (!endpoint) {
+      sys::logf(sys::Level::error, "hub.endpoint: {}", endpoint.error().message);
+      return 1;
+    }
+    http::ClientOptions hub_opts;
+    hub_opts.auth_origin = endpoint->origin();
+    hub_opts.bearer_token = token->value;
+    hub_opts.ca_file = cfg->hub.ca_file;
+    http::Client hub_client(io.get_executor(), hub_opts);
+    http::ClientOptions local_opts;
+    local_opts.connect_timeout = std::chrono::seconds(5);
+    http::Client local_client(io.get_executor(), local_opts);
+    hub::Hub hub(hub_client, cfg->hub.endpoint);
+
+    store::Store store(cfg->daemon.models_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(cfg->daemon.models_dir, ec);
+    if (ec) {
+      sys::logf(sys::Level::error, "cannot create models_dir {}: {}", cfg->daemon.models_dir.string(), ec.message());
+      return 1;
+    }
+    deploy::StateStore states(cfg->daemon.state_dir);
+    if (auto r = states.init(); !r) {
+      sys::log(sys::Level::error, {}, r.error().message);
+      return 1;
+    }
+    auto units = units::make_systemd_manager(io.get_executor(), cfg->daemon.unit_dir);
+
+    deploy::Services services{cfg, store, hub, hub_client, local_client, *units, disk_pool};
+    deploy::Deployer deployer(io, services, states);
+    if (auto r = deployer.load(); !r) {
+      sys::log(sys::Level::error, {}, r.error().message);
+      return 1;
+    }
+
+    control::Options copt;
+    copt.socket_path = cfg->daemon.socket;
+    copt.group = cfg->control.group;
+    control::Server server(io.get_executor(), deployer, copt);
+    auto fds = sys::listen_fds();
+    if (!fds.empty()) {
+      if (auto r = server.adopt(fds.front()); !r) {
+        sys::log(sys::Level::error, {}, r.error().message);
+        return 1;
+      }
+      sys::logf(sys::Level::info, "using the control socket passed by systemd{}",
+                cfg->daemon.socket == "/run/modeld/modeld.sock"
+                    ? ""
+                    : " (daemon.socket " + cfg->daemon.socket.string() + " in the configuration is not used)");
+    } else if (auto r = server.listen(); !r) {
+      sys::log(sys::Level::error, {}, r.error().message);
+      return 1;
+    }
+    server.start();
+
+    sys::logf(sys::Level::notice, "modeld {} ready: {} model(s) configured, hub {} (token: {}), models in {}",
+              MODELD_VERSION, cfg->models.size(), cfg->hub.endpoint, token->source, cfg->daemon.models_dir.string());
+    sys::notify_ready();
+    asio::co_spawn(io, deployer.recover(), asio::detached);
+
+    // The watchdog is petted from the event loop itself, so a stalled loop stops the petting.
+    asio::steady_timer watchdog(io);
+    std::function<void()> pet;
+    if (auto interval = sys::watchdog_interval()) {
+      pet = [&, interval = *interval] {
+        sys::notify_watchdog();
+        watchdog.expires_after(interval);
+        watchdog.async_wait([&](boost::system::error_code e) { if (!e) pet(); });
+      };
+      pet();
+    }
+
+    asio::signal_set signals(io, SIGTERM, SIGINT, SIGHUP);
+    asio::steady_timer grace(io);
+    std::function<void(boost::system::error_code, int)> on_signal = [&](boost::system::error_code e, int sig) {
+      if (e) return;
+      if (sig == SIGHUP) {
+        sys::log(sys::Level::warning, {}, "SIGHUP: configuration reload is not supported yet, ignoring");
+        signals.async_wait(on_signal);
+        return;
+      }
+      sys::logf(sys::Level::notice, "{}: stopping; a running deployment continues at the next start",
+                sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      sys::notify_stopping();
+      auto stop_all = [&] {
+        server.stop();
+        watchdog.cancel();
+        grace.cancel();
+        io.stop();
+      };
+      deployer.shutdown(stop_all);
+      grace.expires_after(std::chrono::seconds(10));
+      grace.async_wait([&](boost::system::error_code ge) {
+        if (!ge) {
+          sys::log(sys::Level::warning, {}, "the deployment did not stop within 10 s; exiting anyway");
+          stop_all();
+        }
+      });
+    };
+    signals.async_wait(on_signal);
+
+    io.run();
+    disk_pool.join();
+    return 0;
+  } catch (const std::exception& e) {
+    sys::logf(sys::Level::error, "fatal: {}", e.what());
+    return 1;
+  }
+}

@@ -30,11 +30,11 @@ struct ControlConfig {
 
 /// [hub]: the Hub endpoint, credentials and download settings.
 struct HubConfig {
-  std::string endpoint = "https://huggingface.co";  ///< resolved: config, else $HF_ENDPOINT, else default
-  std::filesystem::path token_file;                  ///< empty: credential "hf-token", else $HF_TOKEN
+  std::string endpoint = "https://huggingface.co";  ///< config, else $HF_ENDPOINT, else default; an http(s) URL without trailing '/'
+  std::filesystem::path token_file;                  ///< absolute; empty: credential "hf-token", else $HF_TOKEN
   unsigned parallel_files = 8;                        ///< files downloaded at once, 1..64
   std::uint64_t max_bytes_per_s = 0;                  ///< 0 = unlimited
-  std::filesystem::path ca_file;                      ///< extra PEM bundle trusted besides the system store
+  std::filesystem::path ca_file;                      ///< absolute; extra PEM bundle trusted besides the system store; empty: none
 };
 
 /// [metrics]
@@ -45,8 +45,8 @@ struct MetricsConfig {
 /// [models.NAME.serve]: how to run the inference server.
 struct ServeConfig {
   std::vector<std::string> command;               ///< argv with {model_dir} {name} {served_name} {port}
-  std::uint16_t port = 8000;
-  std::string served_name;                         ///< default: the model's NAME
+  std::uint16_t port = 8000;                       ///< 1..65535
+  std::string served_name;                         ///< default (filled in by load()): the model's NAME
   std::map<std::string, std::string> environment;  ///< written into the drop-in: no secrets
   milliseconds startup_timeout = std::chrono::minutes(60);
   milliseconds stop_timeout = std::chrono::minutes(5);
@@ -57,17 +57,17 @@ struct HealthConfig {
   std::string path = "/health";
   std::string models_path = "/v1/models";
   bool completion = true;
-  std::filesystem::path api_key_file;
+  std::filesystem::path api_key_file;  ///< absolute; empty: the server needs no API key
   milliseconds stall_timeout = std::chrono::minutes(10);
   milliseconds watch_interval = std::chrono::seconds(30);
-  unsigned watch_failures = 3;
+  unsigned watch_failures = 3;  ///< consecutive failed probes before a restart, >= 1
 };
 
 /// [models.NAME.benchmark]
 struct BenchmarkConfig {
   bool enabled = false;
   std::string prompt = "Write a haiku about GPUs.";
-  unsigned max_tokens = 256;
+  unsigned max_tokens = 256;  ///< >= 1
 };
 
 /// [models.NAME]: one deployable model.
@@ -104,7 +104,8 @@ struct Problem {
   int column = 0;  ///< 1-based
   std::string message;  ///< names the key, e.g. "unknown key 'paralel_files' in [hub]"
 
-  /// "FILE:LINE:COL: message" as `modeld --check-config` prints it (interface.md).
+  /// "FILE:LINE:COL: message" as `modeld --check-config` prints it (interface.md); "FILE: message"
+  /// when line is 0.
   std::string to_string() const;
 };
 
@@ -113,20 +114,23 @@ struct Environment {
   std::optional<std::string> hf_endpoint;  ///< $HF_ENDPOINT
 };
 
-/// Reads the environment variables that Environment describes.
+/// Reads the environment variables that Environment describes; an empty variable counts as unset.
 Environment environment_from_process();
 
 /// Loads `file` and every `*.toml` in `models.d/` beside it (sorted by name; model tables only),
 /// validates every key, type and value, and applies `env`; returns the Config, or every problem
-/// found (never stops at the first). A missing main file is a problem with line 0.
+/// found (never stops at the first), each file's in the order they appear in it; `config` is set
+/// only when there is no problem. A missing main file is a problem with line 0. A model defined in
+/// two files is a problem naming both; anything but [models.*] in a models.d file is a problem.
 struct LoadResult {
   std::optional<Config> config;
   std::vector<Problem> problems;
 };
 LoadResult load(const std::filesystem::path& file, const Environment& env);
 
-/// Fills the placeholders {model_dir}, {name}, {served_name}, {port} in `command`; other
-/// brace sequences stay as they are.
+/// Returns `model.serve.command` with {model_dir} (`model_dir`), {name}, {served_name} and {port}
+/// replaced wherever they occur inside each argument ("--port={port}"), in one pass (substituted
+/// text is not expanded again); other brace sequences stay as they are.
 std::vector<std::string> expand_command(const ModelConfig& model, const std::filesystem::path& model_dir);
 
 }  // namespace modeld::config

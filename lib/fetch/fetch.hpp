@@ -23,8 +23,8 @@ namespace modeld::fetch {
 struct Progress {
   std::uint64_t bytes_done = 0;   ///< bytes of the listed files on disk (resumed bytes included)
   std::uint64_t bytes_total = 0;  ///< sum of the sizes of the files to fetch
-  unsigned files_done = 0;
-  unsigned files_total = 0;
+  unsigned files_done = 0;         ///< files verified and given their final name
+  unsigned files_total = 0;        ///< number of files to fetch
   double rate_bytes_per_s = 0;    ///< moving average over the last few seconds
 };
 
@@ -37,16 +37,23 @@ struct Options {
   std::uint64_t max_bytes_per_s = 0;  ///< 0 = unlimited
   unsigned max_attempts = 5;          ///< per file, for retryable failures (hub-protocol.md "Retries")
   std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
+  /// First retry delay; later ones double up to 8x (1, 2, 4, 8, 8 s by default), with jitter.
+  /// A Retry-After (seconds) from the server is honoured when longer. Tests shorten it.
+  std::chrono::milliseconds backoff_base{1000};
 };
 
 /// A file that was downloaded and checked against the listing.
 struct Fetched {
-  std::string path;
-  std::uint64_t size = 0;
+  std::string path;       ///< repository-relative, as listed
+  std::uint64_t size = 0;  ///< bytes
   std::string digest;  ///< sha256 (LFS) or git blob sha1, lower-case hex, equal to the listing's
 };
 
-/// Downloads files for one revision.
+/// Downloads files for one revision. Memory: each file in flight holds one write block of
+/// clamp(32 MiB / parallel_files, 256 KiB, 4 MiB), so a run stays near 32 MiB whatever the file
+/// count (past 128 files in flight, 256 KiB each). Workers are coroutines on the caller's executor,
+/// each bound to its own cancellation signal; the run forwards the caller's cancellation to all of
+/// them, and the first failure cancels the others.
 class Fetcher {
  public:
   /// `disk_pool` runs file writes, fsync and hashing so the event loop never blocks on them.
@@ -58,7 +65,8 @@ class Fetcher {
   /// Stops within a second when the awaiting coroutine is cancelled (Errc::cancelled), leaving
   /// partial files for a later resume. Errors name the file: size_mismatch, checksum_mismatch
   /// (what arrived: e.g. an HTML page or an LFS pointer), hub_* and network errors after
-  /// retries, disk_full, io_error.
+  /// retries, disk_full, io_error; plan_invalid for a path that is not a safe relative path.
+  /// The result lists the files in the order of `files`.
   boost::asio::awaitable<Result<std::vector<Fetched>>> run(std::vector<hub::RepoFile> files,
                                                            std::function<void(const Progress&)> on_progress);
 

@@ -40,8 +40,14 @@ struct Url {
   /// The URL as text (the default port left out).
   std::string str() const;
 
-  /// Resolves a Location header against this URL: absolute URLs as they are, "/path" on this origin.
+  /// Resolves a Location header against this URL: absolute URLs as they are, "//host/path" with
+  /// this scheme, "/path" on this origin, "path" and "?query" relative to this URL (RFC 3986);
+  /// bad_request on bad syntax.
   Result<Url> resolve(std::string_view location) const;
+
+  /// "scheme://host:port/path" without the query, for messages and logs: a CDN's signed URL
+  /// carries its signature in the query, which must not be logged.
+  std::string redacted() const;
 };
 
 /// A header list; names compare case-insensitively.
@@ -61,6 +67,9 @@ struct Request {
   Headers headers;
   std::string body;
   std::string content_type;  ///< sent when `body` is not empty
+  /// Overrides ClientOptions::read_timeout (and caps connect_timeout) for this request; zero:
+  /// the client's settings.
+  std::chrono::milliseconds timeout{0};
 };
 
 /// The status line and headers of a final (non-redirect) response.
@@ -105,14 +114,19 @@ class Client {
   ~Client();
 
   /// Sends `request`, follows redirects (dropping the token whenever the target leaves
-  /// auth_origin) and collects a body of at most `max_body` bytes; a non-2xx status is not an
-  /// error here. Errors: network_error, timeout, hub_bad_response (too many redirects, body over
-  /// the limit, body cut short), cancelled.
+  /// auth_origin, and an "Authorization" of `request.headers` whenever it leaves the request's
+  /// origin) and collects a body of at most `max_body` bytes; a non-2xx status is not an error
+  /// here. Errors: network_error (connect, TLS, write or read failed, body cut short), timeout,
+  /// hub_bad_response (too many redirects, body over the limit, a malformed answer), cancelled
+  /// (the awaiting coroutine's cancellation slot fired). Messages name the URL without its query.
   boost::asio::awaitable<Result<Response>> request(Request request, std::size_t max_body = 64u << 20);
 
-  /// Like request(), but hands the body to `sink` as it arrives; returns the final head.
-  /// A body shorter than Content-Length, or a chunked body without its last chunk, is
-  /// network_error after the delivered bytes (the caller may resume with Range).
+  /// Like request(), but hands the body to `sink` as it arrives, in blocks of at most 1 MiB (a
+  /// block is handed over when the buffer is full or when no more bytes are waiting on the socket,
+  /// so a slow event stream is not held back); the next read starts only after on_data returns.
+  /// Returns the final head. A body shorter than Content-Length, or a chunked body without its
+  /// last chunk, is network_error after the delivered bytes (the caller may resume with Range);
+  /// an error from the sink is returned as it is.
   boost::asio::awaitable<Result<ResponseHead>> stream(Request request, BodySink sink);
 
   /// The options this client was made with.

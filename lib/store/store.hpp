@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace modeld::store {
@@ -41,6 +42,11 @@ struct Manifest {
   std::vector<ManifestFile> files;
   std::uint64_t size_bytes() const;
 };
+
+/// Name suffix of the sidecar the fetch engine keeps beside each partial download in
+/// `.modeld/partial/` (commit, expected hash and size, ranges written); partial_bytes() leaves
+/// sidecars out, as it does any other `*.json` file there.
+inline constexpr std::string_view partial_sidecar_suffix = ".sidecar";
 
 /// Reads the identity of the file at `path` (lstat; a symlink is reported as io_error).
 Result<FileIdentity> identity_of(const std::filesystem::path& path);

@@ -27,7 +27,8 @@ struct Fields {
 
 /// Where log lines go.
 enum class Sink {
-  automatic,  ///< journald when stderr is the journal ($JOURNAL_STREAM) or not a terminal, else stderr
+  automatic,  ///< journald only when stderr is the journal ($JOURNAL_STREAM names stderr's device
+              ///< and inode, systemd.exec(5)), so lines are not written twice; else stderr only
   journal,    ///< journald only (sd_journal_sendv)
   stderr_only ///< stderr only, with the phase and model in brackets
 };
@@ -36,7 +37,21 @@ enum class Sink {
 void init_logging(Sink sink, bool verbose);
 
 /// Writes one line with `fields`; never throws; the message must not contain secrets.
+/// Before init_logging() it sets up Sink::automatic without debug lines.
 void log(Level level, const Fields& fields, std::string_view message);
+
+/// The journal entry log() sends for one line, as "NAME=value" strings in order: MESSAGE,
+/// PRIORITY (the syslog number of `level`), SYSLOG_IDENTIFIER=modeld, then the non-empty
+/// MODELD_DEPLOYMENT, MODELD_MODEL, MODELD_PHASE, MODELD_STATE, MESSAGE_ID and extra fields.
+/// Extra names are made valid journal field names (upper-case [A-Z0-9_], starting with a letter,
+/// at most 64 characters); extras with an empty name or value, or that would repeat one of the
+/// fields above, are left out. Pure; never throws except std::bad_alloc.
+std::vector<std::string> journal_fields(Level level, const Fields& fields, std::string_view message);
+
+/// The line the stderr sink prints for one log line, with its newline: "LEVEL [model phase]
+/// message" (the bracket holds whichever of model and phase are set and is left out when neither
+/// is); `color` wraps the level in ANSI colours. Pure.
+std::string stderr_line(Level level, const Fields& fields, std::string_view message, bool color);
 
 /// Formats and writes one line with `fields`.
 template <class... Args>

@@ -50,6 +50,13 @@ class ServiceManager {
   virtual Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) = 0;
 };
 
+/// Writes unit_dir/UNIT.d/NAME atomically with mode 0644, creating UNIT.d (0755, and unit_dir
+/// if needed) when missing;
+/// what the systemd backend's write_dropin() does, usable without a bus. io_error naming the path;
+/// internal when `unit` or `name` is empty or holds a '/'.
+Result<void> write_dropin_file(const std::filesystem::path& unit_dir, const std::string& unit,
+                               const std::string& name, const std::string& content);
+
 /// The systemd backend on the system bus; `unit_dir` is where drop-ins go (/run/systemd/system).
 /// Bus calls run on a private thread so a slow systemd never blocks the event loop.
 /// Throws std::runtime_error when the system bus cannot be opened.
@@ -58,7 +65,9 @@ std::unique_ptr<ServiceManager> make_systemd_manager(boost::asio::any_io_executo
 
 /// Polls status() until the unit is inactive or failed (every 200 ms), up to `timeout`;
 /// stop_timeout naming the unit and its state otherwise; cancelled when the caller is cancelled.
-boost::asio::awaitable<Result<void>> wait_inactive(ServiceManager& manager, const std::string& unit,
+/// `unit` is taken by value: the coroutine starts later, and a reference to a temporary (e.g. a
+/// string literal passed to co_spawn) would dangle by then. `manager` must outlive the wait.
+boost::asio::awaitable<Result<void>> wait_inactive(ServiceManager& manager, std::string unit,
                                                    std::chrono::milliseconds timeout);
 
 }  // namespace modeld::units

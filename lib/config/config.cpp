@@ -1,0 +1,670 @@
+// Loading and validating the configuration. The loader walks the parsed TOML tree once per file,
+// checking every key against the contract's schema, and records a Problem (with the node's
+// file:line:col) for everything wrong instead of stopping, so `modeld --check-config` can list
+// all mistakes in one run.
+
+#include "config/config.hpp"
+
+#include "util/text.hpp"
+#include "util/units.hpp"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <system_error>
+
+namespace modeld::config {
+
+namespace fs = std::filesystem;
+
+const ModelConfig* Config::find_model(const std::string& name) const {
+  auto it = models.find(name);
+  return it == models.end() ? nullptr : &it->second;
+}
+
+std::string Problem::to_string() const {
+  if (line == 0) return fmt::format("{}: {}", file.string(), message);
+  return fmt::format("{}:{}:{}: {}", file.string(), line, column, message);
+}
+
+Environment environment_from_process() {
+  Environment env;
+  // An empty variable (HF_ENDPOINT= in a unit file) means "unset", as huggingface_hub treats it.
+  if (const char* v = std::getenv("HF_ENDPOINT"); v != nullptr && *v != '\0') env.hf_endpoint = v;
+  return env;
+}
+
+std::vector<std::string> expand_command(const ModelConfig& model, const fs::path& model_dir) {
+  const std::pair<std::string_view, std::string> values[] = {
+      {"{model_dir}", model_dir.string()},
+      {"{name}", model.name},
+      {"{served_name}", model.serve.served_name.empty() ? model.name : model.serve.served_name},
+      {"{port}", std::to_string(model.serve.port)},
+  };
+  std::vector<std::string> out;
+  out.reserve(model.serve.command.size());
+  for (const std::string& arg : model.serve.command) {
+    // One left-to-right pass: substituted text is never scanned again, so a model_dir that
+    // happens to contain "{name}" stays as it is.
+    std::string expanded;
+    std::size_t i = 0;
+    while (i < arg.size()) {
+      bool replaced = false;
+      if (arg[i] == '{') {
+        for (const auto& [placeholder, value] : values) {
+          if (std::string_view(arg).substr(i, placeholder.size()) == placeholder) {
+            expanded += value;
+            i += placeholder.size();
+            replaced = true;
+            break;
+          }
+        }
+      }
+      if (!replaced) expanded += arg[i++];
+    }
+    out.push_back(std::move(expanded));
+  }
+  return out;
+}
+
+namespace {
+
+// Keys a table may hold.
+using Keys = std::span<const std::string_view>;
+
+// The schema: every key each table may hold (interface.md "Configuration").
+constexpr std::string_view kTopKeys[] = {"daemon", "control", "hub", "metrics",
+                                                              "models"};
+constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
+                                                                 "unit_dir", "disk_reserve"};
+constexpr std::string_view kControlKeys[] = {"group"};
+constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
+                                                              "max_bytes_per_s", "ca_file"};
+constexpr std::string_view kMetricsKeys[] = {"listen"};
+constexpr std::string_view kModelKeys[] = {
+    "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
+constexpr std::string_view kServeKeys[] = {
+    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout"};
+constexpr std::string_view kHealthKeys[] = {
+    "path", "models_path", "completion", "api_key_file", "stall_timeout", "watch_interval",
+    "watch_failures"};
+constexpr std::string_view kBenchmarkKeys[] = {"enabled", "prompt", "max_tokens"};
+
+// Levenshtein distance, for "did you mean" suggestions on misspelt keys.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t subst = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// The closest known key within edit distance 2, or empty.
+std::string_view closest_key(std::string_view key, Keys known) {
+  std::string_view best;
+  std::size_t best_distance = 3;
+  for (std::string_view k : known) {
+    std::size_t d = edit_distance(key, k);
+    if (d < best_distance) {
+      best = k;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::string_view type_name(toml::node_type t) {
+  switch (t) {
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    case toml::node_type::none: break;
+  }
+  return "nothing";
+}
+
+// A key as it must be written inside a TOML table header: bare when it can be, else quoted
+// (model names may hold '.', which a bare key would split into two tables).
+std::string toml_key(std::string_view key) {
+  bool bare = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+  if (bare) return std::string(key);
+  return fmt::format("\"{}\"", key);
+}
+
+bool valid_env_name(std::string_view name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// "org/name": exactly one '/', both parts non-empty, and only the characters the Hub allows in
+// repository ids.
+bool valid_repo_id(std::string_view repo) {
+  auto slash = repo.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == repo.size()) return false;
+  if (repo.find('/', slash + 1) != std::string_view::npos) return false;
+  return std::all_of(repo.begin(), repo.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.' || c == '/';
+  });
+}
+
+// An http(s) URL with a non-empty host and no white space; deeper checks happen when the Hub
+// client first connects.
+bool valid_http_url(std::string_view url) {
+  std::string_view rest;
+  if (url.starts_with("https://"))
+    rest = url.substr(8);
+  else if (url.starts_with("http://"))
+    rest = url.substr(7);
+  else
+    return false;
+  if (rest.empty() || rest[0] == '/') return false;
+  return std::none_of(url.begin(), url.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n'; });
+}
+
+// Trailing slashes are dropped so that the Hub client can append "/api/..." as huggingface_hub
+// does with its endpoint.
+std::string strip_trailing_slashes(std::string s) {
+  while (s.size() > 1 && s.back() == '/' && !s.ends_with("://")) s.pop_back();
+  return s;
+}
+
+// "HOST:PORT" with a port 1..65535; HOST may be an IPv6 address in brackets.
+bool valid_listen_address(std::string_view listen) {
+  auto colon = listen.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  std::string_view port = listen.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  unsigned value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + static_cast<unsigned>(c - '0');
+  }
+  return value >= 1 && value <= 65535;
+}
+
+// Checks one file's tree and fills a Config, recording every problem with its position.
+class Checker {
+ public:
+  Checker(fs::path file, std::vector<Problem>& problems) : file_(std::move(file)), problems_(problems) {}
+
+  void problem(const toml::source_region& where, std::string message) {
+    problems_.push_back(Problem{file_, static_cast<int>(where.begin.line),
+                                static_cast<int>(where.begin.column), std::move(message)});
+  }
+
+  // Reports every key of `table` that the schema does not know; `where` names the table in
+  // messages ("[hub]"). `hint` may add advice for a key that has no close match.
+  void check_keys(const toml::table& table, std::string_view where,
+                  Keys known,
+                  const std::function<std::string(const toml::key&, const toml::node&)>& hint = {}) {
+    for (auto&& [key, node] : table) {
+      std::string_view k = key.str();
+      if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+      std::string message = fmt::format("unknown key '{}' in {}", k, where);
+      if (auto suggestion = closest_key(k, known); !suggestion.empty())
+        message += fmt::format("; did you mean '{}'?", suggestion);
+      else if (hint)
+        message += hint(key, node);
+      problem(key.source(), std::move(message));
+    }
+  }
+
+  // The sub-table at `key`, or nullptr when absent or (with a problem) not a table.
+  const toml::table* table(const toml::table& parent, std::string_view key, const std::string& name) {
+    const toml::node* node = parent.get(key);
+    if (node == nullptr) return nullptr;
+    if (const toml::table* t = node->as_table()) return t;
+    type_problem(*node, "a table", name);
+    return nullptr;
+  }
+
+  void type_problem(const toml::node& node, std::string_view expected, const std::string& name) {
+    problem(node.source(), fmt::format("expected {} for {}, got {}", expected, name, type_name(node.type())));
+  }
+
+  // Each reader leaves `out` untouched when the key is absent or its value is wrong, and returns
+  // whether a valid value was stored.
+  bool read(const toml::table& t, std::string_view key, const std::string& name, std::string& out) {
+    const toml::node* node = t.get(key);
+    if (node == nullptr) return false;
+    if (const auto* s = node->as_string()) {
+      out = s->get();
+      return true;
+    }
+    type_problem(*node, "a string", name);
+    return false;
+  }
+
+  bool read(const toml::table& t, std::string_view key, const std::string& name, bool& out) {
+    const toml::node* node = t.get(key);
+    if (node == nullptr) return false;
+    if (const auto* b = node->as_boolean()) {
+      out = b->get();
+      return true;
+    }
+    type_problem(*node, "a boolean (true or false)", name);
+    return false;
+  }
+
+  // An integer within [min, max].
+  template <class Int>
+  bool read_int(const toml::table& t, std::string_view key, const std::string& name, Int& out,
+                std::int64_t min, std::int64_t max) {
+    const toml::node* node = t.get(key);
+    if (node == nullptr) return false;
+    const auto* i = node->as_integer();
+    if (i == nullptr) {
+      type_problem(*node, "an integer", name);
+      return false;
+    }
+    if (i->get() < min || i->get() > max) {
+      problem(node->source(), fmt::format("{} must be between {} and {}, got {}", name, min, max, i->get()));
+      return false;
+    }
+    out = static_cast<Int>(i->get());
+    return true;
+  }
+
+  // A path; `absolute` requires an absolute one, `allow_empty` accepts "" as "not set".
+  bool read_path(const toml::table& t, std::string_view key, const std::string& name, fs::path& out,
+                 bool allow_empty) {
+    std::string s;
+    if (!read(t, key, name, s)) return false;
+    const toml::node& node = *t.get(key);
+    if (s.empty()) {
+      if (allow_empty) {
+        out.clear();
+        return true;
+      }
+      problem(node.source(), fmt::format("{} must not be empty", name));
+      return false;
+    }
+    // Relative paths would depend on the daemon's working directory, which systemd sets to "/"
+    // but a manual run does not: refuse them rather than guess.
+    if (!fs::path(s).is_absolute()) {
+      problem(node.source(), fmt::format("{} must be an absolute path, got \"{}\"", name, s));
+      return false;
+    }
+    out = s;
+    return true;
+  }
+
+  // A size: a string such as "20GiB" or an integer count of bytes.
+  bool read_size(const toml::table& t, std::string_view key, const std::string& name, std::uint64_t& out) {
+    const toml::node* node = t.get(key);
+    if (node == nullptr) return false;
+    if (const auto* i = node->as_integer()) {
+      if (i->get() < 0) {
+        problem(node->source(), fmt::format("{} must not be negative, got {}", name, i->get()));
+        return false;
+      }
+      out = static_cast<std::uint64_t>(i->get());
+      return true;
+    }
+    if (const auto* s = node->as_string()) {
+      if (auto size = util::parse_size(s->get())) {
+        out = *size;
+        return true;
+      }
+      problem(node->source(),
+              fmt::format("bad size \"{}\" for {}; write e.g. \"20GiB\", \"500MB\" or a byte count", s->get(), name));
+      return false;
+    }
+    type_problem(*node, "a size (\"20GiB\" or a byte count)", name);
+    return false;
+  }
+
+  // A duration string such as "90s", "60m", "2h"; zero is refused because every duration here
+  // is a timeout or a period.
+  bool read_duration(const toml::table& t, std::string_view key, const std::string& name, milliseconds& out) {
+    const toml::node* node = t.get(key);
+    if (node == nullptr) return false;
+    const auto* s = node->as_string();
+    if (s == nullptr) {
+      type_problem(*node, "a duration string (\"90s\", \"60m\", \"2h\")", name);
+      return false;
+    }
+    auto d = util::parse_duration(s->get());
+    if (!d) {
+      problem(node->source(),
+              fmt::format("bad duration \"{}\" for {}; write e.g. \"90s\", \"60m\" or \"2h\"", s->get(), name));
+      return false;
+    }
+    if (d->count() == 0) {
+      problem(node->source(), fmt::format("{} must be longer than zero", name));
+      return false;
+    }
+    out = *d;
+    return true;
+  }
+
+  // An array of strings; `non_empty_items` refuses "" elements.
+  bool read_strings(const toml::table& t, std::string_view key, const std::string& name,
+                    std::vector<std::string>& out, bool non_empty_items) {
+    const toml::node* node = t.get(key);
+    if (node == nullptr) return false;
+    const toml::array* array = node->as_array();
+    if (array == nullptr) {
+      type_problem(*node, "an array of strings", name);
+      return false;
+    }
+    std::vector<std::string> values;
+    bool ok = true;
+    for (std::size_t i = 0; i < array->size(); ++i) {
+      const toml::node& item = *array->get(i);
+      std::string item_name = fmt::format("{}[{}]", name, i);
+      if (const auto* s = item.as_string()) {
+        if (non_empty_items && s->get().empty()) {
+          problem(item.source(), fmt::format("{} must not be empty", item_name));
+          ok = false;
+        }
+        values.push_back(s->get());
+      } else {
+        type_problem(item, "a string", item_name);
+        ok = false;
+      }
+    }
+    if (ok) out = std::move(values);
+    return ok;
+  }
+
+  void check_daemon(const toml::table& t, DaemonConfig& out) {
+    check_keys(t, "[daemon]", kDaemonKeys);
+    read_path(t, "models_dir", "daemon.models_dir", out.models_dir, false);
+    read_path(t, "state_dir", "daemon.state_dir", out.state_dir, false);
+    read_path(t, "socket", "daemon.socket", out.socket, false);
+    read_path(t, "unit_dir", "daemon.unit_dir", out.unit_dir, false);
+    read_size(t, "disk_reserve", "daemon.disk_reserve", out.disk_reserve);
+  }
+
+  void check_control(const toml::table& t, ControlConfig& out) {
+    check_keys(t, "[control]", kControlKeys);
+    if (read(t, "group", "control.group", out.group) && out.group.empty())
+      problem(t.get("group")->source(), "control.group must not be empty");
+  }
+
+  // Returns whether [hub] set `endpoint` (else the environment may).
+  bool check_hub(const toml::table& t, HubConfig& out) {
+    check_keys(t, "[hub]", kHubKeys);
+    bool endpoint_set = false;
+    std::string endpoint;
+    if (read(t, "endpoint", "hub.endpoint", endpoint)) {
+      endpoint_set = true;
+      if (valid_http_url(endpoint))
+        out.endpoint = strip_trailing_slashes(endpoint);
+      else
+        problem(t.get("endpoint")->source(),
+                fmt::format("hub.endpoint must be an http:// or https:// URL, got \"{}\"", endpoint));
+    } else if (t.contains("endpoint")) {
+      endpoint_set = true;  // present but wrong: already a problem; the environment must not mask it
+    }
+    read_path(t, "token_file", "hub.token_file", out.token_file, true);
+    read_int(t, "parallel_files", "hub.parallel_files", out.parallel_files, 1, 64);
+    read_size(t, "max_bytes_per_s", "hub.max_bytes_per_s", out.max_bytes_per_s);
+    read_path(t, "ca_file", "hub.ca_file", out.ca_file, true);
+    return endpoint_set;
+  }
+
+  void check_metrics(const toml::table& t, MetricsConfig& out) {
+    check_keys(t, "[metrics]", kMetricsKeys);
+    std::string listen;
+    if (read(t, "listen", "metrics.listen", listen)) {
+      if (listen.empty() || valid_listen_address(listen))
+        out.listen = listen;
+      else
+        problem(t.get("listen")->source(),
+                fmt::format("metrics.listen must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\") or empty, got \"{}\"",
+                            listen));
+    }
+  }
+
+  void check_serve(const toml::table& t, const std::string& prefix, const std::string& header, ServeConfig& out) {
+    check_keys(t, header, kServeKeys);
+    if (!t.contains("command"))
+      problem(t.source(), fmt::format("missing required key 'command' in {}", header));
+    else if (read_strings(t, "command", prefix + ".command", out.command, false)) {
+      if (out.command.empty())
+        problem(t.get("command")->source(), fmt::format("{}.command must not be empty", prefix));
+      else if (out.command.front().empty())
+        problem(t.get("command")->source(), fmt::format("{}.command[0], the program, must not be empty", prefix));
+    }
+    read_int(t, "port", prefix + ".port", out.port, 1, 65535);
+    if (read(t, "served_name", prefix + ".served_name", out.served_name) && out.served_name.empty())
+      problem(t.get("served_name")->source(), fmt::format("{}.served_name must not be empty", prefix));
+    if (const toml::table* env = table(t, "environment", prefix + ".environment")) {
+      for (auto&& [key, node] : *env) {
+        std::string name = fmt::format("{}.environment.{}", prefix, key.str());
+        if (!valid_env_name(key.str()))
+          problem(key.source(), fmt::format("invalid environment variable name '{}' in {}.environment", key.str(),
+                                            prefix));
+        if (const auto* s = node.as_string())
+          out.environment[std::string(key.str())] = s->get();
+        else
+          type_problem(node, "a string", name);
+      }
+    }
+    read_duration(t, "startup_timeout", prefix + ".startup_timeout", out.startup_timeout);
+    read_duration(t, "stop_timeout", prefix + ".stop_timeout", out.stop_timeout);
+  }
+
+  void check_health(const toml::table& t, const std::string& prefix, const std::string& header, HealthConfig& out) {
+    check_keys(t, header, kHealthKeys);
+    for (auto [key, field] : {std::pair{"path", &out.path}, std::pair{"models_path", &out.models_path}}) {
+      std::string value;
+      if (!read(t, key, prefix + "." + key, value)) continue;
+      if (value.starts_with('/'))
+        *field = value;
+      else
+        problem(t.get(key)->source(),
+                fmt::format("{}.{} must be an HTTP path starting with '/', got \"{}\"", prefix, key, value));
+    }
+    read(t, "completion", prefix + ".completion", out.completion);
+    read_path(t, "api_key_file", prefix + ".api_key_file", out.api_key_file, true);
+    read_duration(t, "stall_timeout", prefix + ".stall_timeout", out.stall_timeout);
+    read_duration(t, "watch_interval", prefix + ".watch_interval", out.watch_interval);
+    read_int(t, "watch_failures", prefix + ".watch_failures", out.watch_failures, 1, 1000);
+  }
+
+  void check_benchmark(const toml::table& t, const std::string& prefix, const std::string& header,
+                       BenchmarkConfig& out) {
+    check_keys(t, header, kBenchmarkKeys);
+    read(t, "enabled", prefix + ".enabled", out.enabled);
+    if (read(t, "prompt", prefix + ".prompt", out.prompt) && out.prompt.empty())
+      problem(t.get("prompt")->source(), fmt::format("{}.prompt must not be empty", prefix));
+    read_int(t, "max_tokens", prefix + ".max_tokens", out.max_tokens, 1, 1'000'000);
+  }
+
+  // Checks one [models.NAME] table; returns the model (problems, if any, are recorded).
+  ModelConfig check_model(const std::string& name, const toml::table& t) {
+    ModelConfig m;
+    m.name = name;
+    m.source_file = file_;
+    const std::string prefix = "models." + name;
+    const std::string header = "[models." + toml_key(name) + "]";
+    // [models.kimi-k2.5] is the table "5" inside a model "kimi-k2": say how to write the name,
+    // and do not also complain that "kimi-k2" lacks its required keys.
+    bool split_name = false;
+    check_keys(t, header, kModelKeys, [&](const toml::key& key, const toml::node& node) -> std::string {
+      std::string joined = name + "." + std::string(key.str());
+      if (!node.is_table() || !util::valid_model_name(joined)) return {};
+      split_name = true;
+      return fmt::format("; a model name containing '.' must be quoted: [models.\"{}\"]", joined);
+    });
+    if (!t.contains("repo")) {
+      if (!split_name)
+        problem(t.source(), fmt::format("missing required key 'repo' in {}", header));
+    } else if (read(t, "repo", prefix + ".repo", m.repo) && !valid_repo_id(m.repo)) {
+      problem(t.get("repo")->source(),
+              fmt::format("{}.repo must look like \"org/name\" (e.g. \"moonshotai/Kimi-K2.5\"), got \"{}\"", prefix,
+                          m.repo));
+    }
+    if (read(t, "revision", prefix + ".revision", m.revision) && m.revision.empty())
+      problem(t.get("revision")->source(), fmt::format("{}.revision must not be empty", prefix));
+    read_strings(t, "include", prefix + ".include", m.include, true);
+    read_strings(t, "exclude", prefix + ".exclude", m.exclude, true);
+    read(t, "pinned", prefix + ".pinned", m.pinned);
+
+    if (const toml::table* serve = table(t, "serve", prefix + ".serve"))
+      check_serve(*serve, prefix + ".serve", "[models." + toml_key(name) + ".serve]", m.serve);
+    else if (!t.contains("serve") && !split_name)
+      problem(t.source(), fmt::format("missing required table [models.{}.serve] (with its command)", toml_key(name)));
+    if (m.serve.served_name.empty()) m.serve.served_name = name;
+
+    if (const toml::table* health = table(t, "health", prefix + ".health"))
+      check_health(*health, prefix + ".health", "[models." + toml_key(name) + ".health]", m.health);
+    if (const toml::table* bench = table(t, "benchmark", prefix + ".benchmark"))
+      check_benchmark(*bench, prefix + ".benchmark", "[models." + toml_key(name) + ".benchmark]", m.benchmark);
+    return m;
+  }
+
+  // Checks the [models] table and adds its models to `config`; a name already there (from an
+  // earlier file) is a problem naming both files.
+  void check_models(const toml::table& models, Config& config) {
+    for (auto&& [key, node] : models) {
+      std::string name(key.str());
+      if (!util::valid_model_name(name)) {
+        problem(key.source(),
+                fmt::format("invalid model name '{}' in [models]: names are [a-z0-9][a-z0-9._-]{{0,63}} "
+                            "(they become unit and folder names)",
+                            name));
+        continue;
+      }
+      const toml::table* t = node.as_table();
+      if (t == nullptr) {
+        type_problem(node, "a table", "models." + name);
+        continue;
+      }
+      ModelConfig model = check_model(name, *t);
+      if (const ModelConfig* earlier = config.find_model(name)) {
+        problem(key.source(), fmt::format("model '{}' is defined twice: in {} and in {}", name,
+                                          earlier->source_file.string(), file_.string()));
+        continue;
+      }
+      config.models.emplace(name, std::move(model));
+    }
+  }
+
+  // The main file: every section. Returns whether [hub] set the endpoint.
+  bool check_main(const toml::table& root, Config& config) {
+    check_keys(root, "the top-level table", kTopKeys);
+    if (const toml::table* t = table(root, "daemon", "daemon")) check_daemon(*t, config.daemon);
+    if (const toml::table* t = table(root, "control", "control")) check_control(*t, config.control);
+    bool endpoint_set = false;
+    if (const toml::table* t = table(root, "hub", "hub")) endpoint_set = check_hub(*t, config.hub);
+    if (const toml::table* t = table(root, "metrics", "metrics")) check_metrics(*t, config.metrics);
+    if (const toml::table* t = table(root, "models", "models")) check_models(*t, config);
+    return endpoint_set;
+  }
+
+  // A models.d file: [models.*] tables only.
+  void check_model_file(const toml::table& root, Config& config) {
+    for (auto&& [key, node] : root) {
+      if (key.str() == "models") continue;
+      problem(key.source(), fmt::format("'{}' is not allowed in a models.d file: it may hold [models.*] tables only "
+                                        "(put it in the main configuration file)",
+                                        key.str()));
+    }
+    if (const toml::table* t = table(root, "models", "models")) check_models(*t, config);
+  }
+
+ private:
+  fs::path file_;
+  std::vector<Problem>& problems_;
+};
+
+// Parses `file`; on failure records the parse error at its position and returns nullopt.
+std::optional<toml::table> parse(const fs::path& file, std::vector<Problem>& problems) {
+  try {
+    return toml::parse_file(file.string());
+  } catch (const toml::parse_error& e) {
+    const auto& begin = e.source().begin;
+    std::string message(e.description());
+    if (begin.line == 0) message = "cannot read: " + message;
+    problems.push_back(Problem{file, static_cast<int>(begin.line), static_cast<int>(begin.column), message});
+    return std::nullopt;
+  }
+}
+
+// Problems of one file in the order they appear in it (toml++ tables iterate in key order).
+void sort_by_position(std::vector<Problem>& problems, std::size_t from) {
+  std::stable_sort(problems.begin() + static_cast<std::ptrdiff_t>(from), problems.end(),
+                   [](const Problem& a, const Problem& b) {
+                     return std::pair(a.line, a.column) < std::pair(b.line, b.column);
+                   });
+}
+
+}  // namespace
+
+LoadResult load(const fs::path& file, const Environment& env) {
+  LoadResult result;
+  std::vector<Problem>& problems = result.problems;
+  Config config;
+  config.file = file;
+
+  std::error_code ec;
+  if (!fs::exists(file, ec)) {
+    problems.push_back(Problem{file, 0, 0, "cannot read: no such file"});
+    return result;
+  }
+
+  bool endpoint_set = false;
+  if (auto root = parse(file, problems)) {
+    endpoint_set = Checker(file, problems).check_main(*root, config);
+    sort_by_position(problems, 0);
+  }
+
+  // models.d next to the main file; its absence is normal (everything in one file).
+  fs::path dir = file.parent_path() / "models.d";
+  if (fs::is_directory(dir, ec)) {
+    std::vector<fs::path> files;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() == ".toml" && it->is_regular_file(ec)) files.push_back(it->path());
+    }
+    if (ec) problems.push_back(Problem{dir, 0, 0, fmt::format("cannot list the folder: {}", ec.message())});
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      std::size_t first = problems.size();
+      if (auto root = parse(f, problems)) Checker(f, problems).check_model_file(*root, config);
+      sort_by_position(problems, first);
+    }
+  }
+
+  // Explicit config wins over the environment, which wins over the built-in default.
+  if (!endpoint_set && env.hf_endpoint) {
+    if (valid_http_url(*env.hf_endpoint))
+      config.hub.endpoint = strip_trailing_slashes(*env.hf_endpoint);
+    else
+      problems.push_back(Problem{file, 0, 0,
+                                 fmt::format("$HF_ENDPOINT must be an http:// or https:// URL, got \"{}\" "
+                                             "(set hub.endpoint to override it)",
+                                             *env.hf_endpoint)});
+  }
+
+  if (problems.empty()) result.config = std::move(config);
+  return result;
+}
+
+}  // namespace modeld::config

@@ -1,0 +1,362 @@
+// The control API's routes: dispatch, authorization of mutating routes, body validation and
+// the JSON shapes of interface.md "Control API".
+
+#include "control/routes.hpp"
+
+#include "deploy/deployment.hpp"
+#include "sys/log.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+
+namespace modeld::control {
+namespace {
+
+using nlohmann::json;
+
+// The history GET /v1/deployments returns without ?limit=, and the most it returns with one.
+constexpr std::size_t default_history_limit = 100;
+constexpr std::size_t max_history_limit = 10000;
+
+Response json_response(unsigned status, const json& body) {
+  Response r;
+  r.status = status;
+  r.body = body.dump();
+  return r;
+}
+
+Response error_for(const Error& e) { return error_response(http_status(e.code), e); }
+
+json active_json(const std::optional<deploy::Active>& a) {
+  if (!a) return nullptr;
+  return json{{"model", a->model}, {"commit", a->commit}, {"unit", a->unit},
+              {"port", a->port},   {"since", a->since}};
+}
+
+json model_json(const deploy::ModelInfo& m) {
+  return json{{"name", m.name},
+              {"repo", m.repo},
+              {"revision", m.revision},
+              {"commit", m.commit ? json(*m.commit) : json(nullptr)},
+              {"state", m.state},
+              {"size_bytes", m.size_bytes},
+              {"active", m.active},
+              {"pinned", m.pinned},
+              {"last_active", m.last_active ? json(*m.last_active) : json(nullptr)}};
+}
+
+// Decodes %XX escapes of one path segment; nullopt on a malformed escape or a decoded '/' or
+// NUL, which no deployment id contains.
+std::optional<std::string> percent_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size()) return std::nullopt;
+    unsigned v = 0;
+    auto [p, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
+    if (ec != std::errc{} || p != s.data() + i + 3) return std::nullopt;
+    if (v == 0 || v == '/') return std::nullopt;
+    out += static_cast<char>(v);
+    i += 2;
+  }
+  return out;
+}
+
+std::vector<std::string_view> split_path(std::string_view path) {
+  std::vector<std::string_view> parts;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    if (path[i] == '/') {
+      ++i;
+      continue;
+    }
+    auto j = path.find('/', i);
+    if (j == std::string_view::npos) j = path.size();
+    parts.push_back(path.substr(i, j - i));
+    i = j;
+  }
+  return parts;
+}
+
+std::map<std::string, std::string, std::less<>> parse_query(std::string_view q) {
+  std::map<std::string, std::string, std::less<>> out;
+  while (!q.empty()) {
+    auto amp = q.find('&');
+    auto pair = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
+    if (pair.empty()) continue;
+    auto eq = pair.find('=');
+    std::string key(pair.substr(0, eq));
+    std::string value(eq == std::string_view::npos ? std::string_view{} : pair.substr(eq + 1));
+    out.emplace(std::move(key), std::move(value));
+  }
+  return out;
+}
+
+Response method_not_allowed(const Request& req, std::string_view path, std::string_view allow) {
+  auto r = error_response(405, make_error(Errc::bad_request,
+                                          fmt::format("method {} is not allowed on {} (allowed: {})",
+                                                      req.method, path, allow)));
+  r.headers.emplace_back("Allow", std::string(allow));
+  return r;
+}
+
+Response forbidden(const Request& req, std::string_view path, const Peer& peer, const Access& access) {
+  sys::Fields fields;
+  fields.extra.emplace_back("MODELD_UID", std::to_string(peer.uid));
+  sys::logf(sys::Level::warning, fields,
+            "control: refused {} {} to uid {} (pid {}): not root and not a member of group {}",
+            req.method, path, peer.uid, peer.pid, access.group);
+  return error_response(403, make_error(Errc::forbidden,
+                                        fmt::format("{} {} is allowed only to root and members of "
+                                                    "group {}",
+                                                    req.method, path, access.group)));
+}
+
+// Validates {"model": NAME, "allow_downtime": bool} strictly: a typo in a field name must not
+// silently start a deployment with defaults.
+Result<std::pair<std::string, bool>> parse_deploy_body(const std::string& body) {
+  if (body.empty())
+    return make_error(Errc::bad_request,
+                      R"(request body is empty; expected {"model": NAME, "allow_downtime": false})");
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return make_error(Errc::bad_request,
+                      fmt::format("request body is not valid JSON (at byte {})", e.byte));
+  }
+  if (!j.is_object())
+    return make_error(Errc::bad_request, fmt::format("request body must be a JSON object, not {}",
+                                                     j.type_name()));
+  std::optional<std::string> model;
+  bool allow_downtime = false;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "model") {
+      if (!value.is_string())
+        return make_error(Errc::bad_request,
+                          fmt::format("field \"model\" must be a string, not {}", value.type_name()));
+      model = value.get<std::string>();
+    } else if (key == "allow_downtime") {
+      if (!value.is_boolean())
+        return make_error(Errc::bad_request,
+                          fmt::format("field \"allow_downtime\" must be true or false, not {}",
+                                      value.type_name()));
+      allow_downtime = value.get<bool>();
+    } else {
+      return make_error(Errc::bad_request,
+                        fmt::format("unknown field \"{}\" (known: model, allow_downtime)", key));
+    }
+  }
+  if (!model) return make_error(Errc::bad_request, "field \"model\" is missing");
+  return std::pair{std::move(*model), allow_downtime};
+}
+
+Response get_status(deploy::Engine& engine) {
+  json body;
+  body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", engine.uptime_s()}};
+  body["active"] = active_json(engine.active());
+  auto cur = engine.current();
+  body["deployment"] = cur ? deploy::to_json(*cur) : json(nullptr);
+  return json_response(200, body);
+}
+
+Response get_models(deploy::Engine& engine) {
+  json list = json::array();
+  for (const auto& m : engine.models()) list.push_back(model_json(m));
+  return json_response(200, json{{"models", std::move(list)}});
+}
+
+Response list_deployments(std::string_view query, deploy::Engine& engine) {
+  std::size_t limit = default_history_limit;
+  auto params = parse_query(query);
+  if (auto it = params.find("limit"); it != params.end()) {
+    const auto& v = it->second;
+    std::size_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc{} || p != v.data() + v.size() || n == 0)
+      return error_for(make_error(Errc::bad_request,
+                                  fmt::format("limit must be a positive integer, not \"{}\"", v)));
+    limit = std::min(n, max_history_limit);
+  }
+  json list = json::array();
+  for (const auto& d : engine.history(limit)) {
+    if (list.size() >= limit) break;
+    list.push_back(deploy::to_json(d));
+  }
+  return json_response(200, json{{"deployments", std::move(list)}});
+}
+
+Response start_deployment(const Request& req, deploy::Engine& engine) {
+  auto body = parse_deploy_body(req.body);
+  if (!body) return error_for(body.error());
+  auto d = engine.start(body->first, body->second);
+  if (!d) return error_for(d.error());
+  return json_response(202, deploy::to_json(*d));
+}
+
+}  // namespace
+
+bool Access::allows(const Peer& peer) const {
+  if (peer.uid == 0) return true;
+  return is_member ? is_member(peer, group) : peer_in_group(peer, group);
+}
+
+unsigned http_status(Errc code) noexcept {
+  switch (code) {
+    case Errc::bad_request:
+    case Errc::config_invalid:
+    case Errc::plan_invalid:
+      return 400;
+    case Errc::forbidden:
+      return 403;
+    case Errc::unknown_model:
+    case Errc::not_found:
+      return 404;
+    case Errc::deployment_running:
+    case Errc::deployment_ended:
+      return 409;
+    case Errc::timeout:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+Response error_response(unsigned status, const Error& error) {
+  return json_response(status, json{{"error", deploy::error_json(error)}});
+}
+
+std::string sse_message(const deploy::Event& event) {
+  std::string out = fmt::format("event: {}\n", event.kind);
+  std::string_view data = event.data_json;
+  // A line break inside the payload would end the data field early; each line gets its own
+  // "data:" and the client joins them with '\n' again.
+  for (;;) {
+    auto nl = data.find('\n');
+    out += "data: ";
+    out += data.substr(0, nl);
+    out += '\n';
+    if (nl == std::string_view::npos) break;
+    data.remove_prefix(nl + 1);
+  }
+  out += '\n';
+  return out;
+}
+
+namespace {
+
+// Escapes a Prometheus label value: backslash, double quote and line feed.
+std::string label_value(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string metrics_text(const deploy::Engine& engine) {
+  std::string out;
+  out += "# HELP modeld_up Whether modeld is running (always 1 when it answers).\n";
+  out += "# TYPE modeld_up gauge\n";
+  out += "modeld_up 1\n";
+
+  // Counted from the retained history for now, so the values may drop when old records age
+  // out; a persisted counter replaces this when the engine keeps one.
+  std::map<std::string_view, std::uint64_t> by_result{
+      {"succeeded", 0}, {"failed", 0}, {"cancelled", 0}, {"rolled_back", 0}};
+  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
+    if (d.ended()) ++by_result[deploy::to_string(d.state)];
+  out += "# HELP modeld_deployments_total Deployments that ended, by terminal state.\n";
+  out += "# TYPE modeld_deployments_total counter\n";
+  for (const auto& [result, n] : by_result)
+    out += fmt::format("modeld_deployments_total{{result=\"{}\"}} {}\n", result, n);
+
+  out += "# HELP modeld_active_model_info The model in service and its commit.\n";
+  out += "# TYPE modeld_active_model_info gauge\n";
+  if (auto a = engine.active())
+    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\"}} 1\n",
+                       label_value(a->model), label_value(a->commit));
+  return out;
+}
+
+Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, const Access& access) {
+  std::string_view target = req.target;
+  std::string_view path = target.substr(0, target.find('?'));
+  std::string_view query =
+      path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
+  const auto parts = split_path(path);
+  const bool get = req.method == "GET";
+  const bool post = req.method == "POST";
+
+  auto not_found = [&] {
+    return error_for(make_error(Errc::not_found, fmt::format("no route {}", path)));
+  };
+
+  if (parts.size() == 1 && parts[0] == "metrics") {
+    if (!get) return method_not_allowed(req, path, "GET");
+    Response r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = metrics_text(engine);
+    return r;
+  }
+  if (parts.size() < 2 || parts[0] != "v1") return not_found();
+
+  const auto& what = parts[1];
+  if (parts.size() == 2 && what == "status") {
+    if (!get) return method_not_allowed(req, path, "GET");
+    return get_status(engine);
+  }
+  if (parts.size() == 2 && what == "models") {
+    if (!get) return method_not_allowed(req, path, "GET");
+    return get_models(engine);
+  }
+  if (parts.size() == 2 && what == "events") {
+    if (!get) return method_not_allowed(req, path, "GET");
+    Response r;
+    r.content_type = "text/event-stream";
+    r.event_stream = true;
+    return r;
+  }
+  if (what != "deployments") return not_found();
+
+  if (parts.size() == 2) {
+    if (get) return list_deployments(query, engine);
+    if (!post) return method_not_allowed(req, path, "GET, POST");
+    if (!access.allows(peer)) return forbidden(req, path, peer, access);
+    return start_deployment(req, engine);
+  }
+  auto id = percent_decode(parts[2]);
+  if (!id) return not_found();
+  if (parts.size() == 3) {
+    if (!get) return method_not_allowed(req, path, "GET");
+    auto d = engine.get(*id);
+    if (!d) return error_for(d.error());
+    return json_response(200, deploy::to_json(*d));
+  }
+  if (parts.size() == 4 && parts[3] == "cancel") {
+    if (!post) return method_not_allowed(req, path, "POST");
+    if (!access.allows(peer)) return forbidden(req, path, peer, access);
+    auto d = engine.cancel(*id);
+    if (!d) return error_for(d.error());
+    return json_response(200, deploy::to_json(*d));
+  }
+  return not_found();
+}
+
+}  // namespace modeld::control

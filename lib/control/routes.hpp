@@ -1,0 +1,82 @@
+#pragma once
+// The control API's routes (interface.md "Control API") as a pure function from a parsed
+// request to a response, so that every answer is testable without sockets. The socket side
+// (lib/control/server.cpp) parses HTTP, reads the peer's credentials and streams SSE.
+
+#include "deploy/engine.hpp"
+#include "util/error.hpp"
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace modeld::control {
+
+/// The credentials of the process at the other end of a connection (SO_PEERCRED).
+struct Peer {
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
+  pid_t pid = 0;
+};
+
+/// Decides whether `peer` belongs to the group called `group` (primary or supplementary).
+using IsMember = std::function<bool(const Peer& peer, const std::string& group)>;
+
+/// The real membership check: the peer's primary gid, the supplementary groups of its user in
+/// the group database (getpwuid + getgrouplist), or the supplementary groups of its process
+/// (/proc/PID/status "Groups:"). Returns false when the group does not exist.
+bool peer_in_group(const Peer& peer, const std::string& group);
+
+/// Who may call mutating routes: root always, else members of `group` as `is_member` says
+/// (peer_in_group when empty).
+struct Access {
+  std::string group = "modeld";
+  IsMember is_member;
+
+  /// Whether `peer` may call mutating routes.
+  bool allows(const Peer& peer) const;
+};
+
+/// A parsed request: method and target as sent ("/v1/deployments?limit=5"), and the body.
+struct Request {
+  std::string method;
+  std::string target;
+  std::string body;
+};
+
+/// A complete response, or the instruction to turn the connection into an event stream.
+struct Response {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  ///< extra headers, e.g. Allow
+  bool event_stream = false;  ///< GET /v1/events: the server subscribes and streams events
+};
+
+/// Answers one request for `peer`: dispatches to the route, checks `access` on mutating
+/// routes (403 forbidden and a journal warning naming the uid), validates bodies and maps
+/// engine errors to statuses. Never throws for bad input; unknown routes are 404 not_found,
+/// known routes with another method 405.
+Response handle(const Request& request, const Peer& peer, deploy::Engine& engine,
+                const Access& access);
+
+/// The HTTP status that stands for `code` in the API (unknown_model 404, deployment_running
+/// 409, forbidden 403, bad_request 400, ..., 500 for failures that are not the caller's).
+unsigned http_status(Errc code) noexcept;
+
+/// An error response: `status` with body {"error": {"code", "message"}}.
+Response error_response(unsigned status, const Error& error);
+
+/// Formats one SSE message: "event: KIND\ndata: JSON\n\n" (a multi-line payload becomes
+/// several data: lines, as the SSE format requires).
+std::string sse_message(const deploy::Event& event);
+
+/// The Prometheus text exposition of GET /metrics (modeld_up, modeld_deployments_total by
+/// result, modeld_active_model_info).
+std::string metrics_text(const deploy::Engine& engine);
+
+}  // namespace modeld::control

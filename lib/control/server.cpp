@@ -1,0 +1,438 @@
+// The socket side of the control API: listening on the Unix socket, one coroutine per
+// connection (peer credentials, HTTP/1.1 with limits and deadlines, keep-alive) and the
+// Server-Sent Events stream. What each route answers is in routes.cpp.
+
+#include "control/server.hpp"
+
+#include "sys/log.hpp"
+#include "util/files.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/basic_stream.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+
+namespace modeld::control {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using local = asio::local::stream_protocol;
+using Stream = beast::basic_stream<local, asio::any_io_executor>;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+// After an error answer that ends the connection (413, 431, 400) the client may still be
+// sending; closing with unread data would reset the connection and could destroy the answer
+// before the client reads it, so the rest is read and dropped for a short, bounded while.
+constexpr auto linger_time = std::chrono::seconds(1);
+constexpr std::size_t linger_bytes = 1u << 20;
+
+// The events waiting for one SSE client, and the timer its writer sleeps on.
+struct EventQueue {
+  explicit EventQueue(const asio::any_io_executor& ex) : wake(ex) {}
+  std::deque<std::string> messages;
+  bool overflow = false;  // lagged by more than max_event_lag: the client is dropped
+  bool closed = false;    // the client went away or the server stops
+  asio::steady_timer wake;
+  std::array<char, 512> discard{};  // what the client sends on an event stream is ignored
+};
+
+// One accepted connection. Shared by its session coroutine, the server's table (weakly) and
+// a pending SSE read, so that whoever finishes last frees it.
+struct Conn {
+  explicit Conn(local::socket s) : stream(std::move(s)) {}
+  Stream stream;
+  Peer peer;
+  std::shared_ptr<EventQueue> events;
+
+  void close() {
+    stream.close();
+    if (events) {
+      events->closed = true;
+      events->wake.cancel();
+    }
+  }
+};
+
+// Keeps a read pending on an event stream so that a client that disconnects is noticed at
+// once rather than at the next keep-alive write.
+void watch_for_close(std::shared_ptr<Conn> conn) {
+  auto& q = *conn->events;
+  conn->stream.socket().async_read_some(
+      asio::buffer(q.discard), [conn](const boost::system::error_code& ec, std::size_t) {
+        if (conn->events->closed) return;
+        if (ec) {
+          conn->events->closed = true;
+          conn->events->wake.cancel();
+          return;
+        }
+        watch_for_close(conn);
+      });
+}
+
+Result<Peer> peer_credentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return make_error(Errc::io_error,
+                      fmt::format("control socket: SO_PEERCRED: {}", std::strerror(errno)));
+  return Peer{cred.uid, cred.gid, cred.pid};
+}
+
+// Whether something accepts connections on the socket at `path` now.
+bool socket_answers(const std::filesystem::path& path, int& err) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    err = errno;
+    return false;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  err = rc == 0 ? 0 : errno;
+  ::close(fd);
+  // EAGAIN: the listener's backlog is full, so it is alive.
+  return rc == 0 || err == EAGAIN;
+}
+
+}  // namespace
+
+struct Server::Impl : std::enable_shared_from_this<Impl> {
+  Impl(asio::any_io_executor ex, deploy::Engine& e, Options o)
+      : executor(std::move(ex)), engine(e), options(std::move(o)), acceptor(executor) {
+    access.group = options.group;
+    access.is_member = options.is_member;
+  }
+
+  asio::any_io_executor executor;
+  deploy::Engine& engine;
+  Options options;
+  Access access;
+  local::acceptor acceptor;
+  bool stopped = false;
+  std::uint64_t next_id = 0;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> conns;
+
+  asio::awaitable<void> accept_loop();
+  asio::awaitable<void> session(std::shared_ptr<Conn> conn);
+  asio::awaitable<void> stream_events(std::shared_ptr<Conn> conn);
+  asio::awaitable<void> answer_and_close(Conn& conn, unsigned status, const Error& error);
+
+  // Runs `task` detached, logging an exception (a bug) instead of losing it.
+  void spawn(asio::awaitable<void> task, std::string_view what) {
+    asio::co_spawn(executor, std::move(task), [what = std::string(what)](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        sys::logf(sys::Level::error, "control: {} failed: {}", what, ex.what());
+      }
+    });
+  }
+};
+
+Server::Server(asio::any_io_executor executor, deploy::Engine& engine, Options options)
+    : impl_(std::make_shared<Impl>(std::move(executor), engine, std::move(options))) {}
+
+Server::~Server() { stop(); }
+
+std::size_t Server::connections() const { return impl_->conns.size(); }
+
+Result<void> Server::listen() {
+  const auto& path = impl_->options.socket_path;
+  if (path.native().size() >= sizeof(sockaddr_un::sun_path))
+    return make_error(Errc::io_error, fmt::format("control socket {}: path longer than {} bytes",
+                                                  path.native(), sizeof(sockaddr_un::sun_path) - 1));
+  if (auto parent = path.parent_path(); !parent.empty()) {
+    std::error_code ec;
+    if (std::filesystem::create_directories(parent, ec))
+      std::filesystem::permissions(parent, std::filesystem::perms(0755), ec);
+    if (ec) return util::errno_error(ec.value(), parent, "create folder");
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return make_error(Errc::io_error,
+                        fmt::format("control socket {}: exists and is not a socket", path.native()));
+    int err = 0;
+    if (socket_answers(path, err))
+      return make_error(Errc::io_error,
+                        fmt::format("control socket {}: another process answers on it",
+                                    path.native()));
+    if (err != ECONNREFUSED) return util::errno_error(err, path, "probe existing socket");
+    if (::unlink(path.c_str()) != 0) return util::errno_error(errno, path, "remove stale socket");
+  } else if (errno != ENOENT) {
+    return util::errno_error(errno, path, "stat");
+  }
+
+  auto& acc = impl_->acceptor;
+  boost::system::error_code ec;
+  acc.open(local(), ec);
+  if (!ec) acc.bind(local::endpoint(path.native()), ec);
+  if (ec) {
+    acc.close(ec);
+    return util::errno_error(ec.value(), path, "bind");
+  }
+  // The socket is open to every local user; each route decides from SO_PEERCRED.
+  if (::chmod(path.c_str(), 0666) != 0) {
+    int err = errno;
+    acc.close(ec);
+    return util::errno_error(err, path, "chmod 0666");
+  }
+  acc.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    acc.close(ec);
+    return util::errno_error(ec.value(), path, "listen");
+  }
+  return {};
+}
+
+Result<void> Server::adopt(int fd) {
+  int type = 0, domain = 0, listening = 0;
+  socklen_t len = sizeof(int);
+  bool ok = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+  len = sizeof(int);
+  ok = ok && ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
+  len = sizeof(int);
+  ok = ok && ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening;
+  if (!ok)
+    return make_error(Errc::io_error,
+                      fmt::format("control socket: fd {} is not a listening AF_UNIX stream socket", fd));
+  boost::system::error_code ec;
+  impl_->acceptor.assign(local(), fd, ec);
+  if (ec)
+    return make_error(Errc::io_error, fmt::format("control socket: adopt fd {}: {}", fd, ec.message()));
+  return {};
+}
+
+void Server::start() {
+  impl_->spawn(impl_->accept_loop(), "accepting control connections");
+}
+
+void Server::stop() {
+  auto& impl = *impl_;
+  if (impl.stopped) return;
+  impl.stopped = true;
+  boost::system::error_code ec;
+  impl.acceptor.close(ec);
+  // Copy first: closing wakes sessions, which remove themselves from the table.
+  std::vector<std::shared_ptr<Conn>> open;
+  for (auto& [id, weak] : impl.conns)
+    if (auto c = weak.lock()) open.push_back(std::move(c));
+  for (auto& c : open) c->close();
+}
+
+asio::awaitable<void> Server::Impl::accept_loop() {
+  auto self = shared_from_this();
+  asio::steady_timer backoff(executor);
+  while (!stopped) {
+    auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
+    if (stopped || ec == asio::error::operation_aborted) co_return;
+    if (ec) {
+      // EMFILE and friends repeat at once; pause instead of spinning.
+      sys::logf(sys::Level::warning, "control: accept on {}: {}, retrying",
+                options.socket_path.native(), ec.message());
+      backoff.expires_after(std::chrono::milliseconds(100));
+      co_await backoff.async_wait(use_tuple);
+      continue;
+    }
+    if (conns.size() >= options.limits.max_connections) {
+      sys::logf(sys::Level::warning,
+                "control: {} connections open, closing a new one", conns.size());
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      continue;
+    }
+    auto conn = std::make_shared<Conn>(std::move(socket));
+    spawn(session(std::move(conn)), "control connection");
+  }
+}
+
+asio::awaitable<void> Server::Impl::answer_and_close(Conn& conn, unsigned status, const Error& error) {
+  auto r = error_response(status, error);
+  http::response<http::string_body> res{static_cast<http::status>(status), 11};
+  res.set(http::field::content_type, r.content_type);
+  res.keep_alive(false);
+  res.body() = std::move(r.body);
+  res.prepare_payload();
+  conn.stream.expires_after(options.limits.write_timeout);
+  auto [wec, wn] = co_await http::async_write(conn.stream, res, use_tuple);
+  if (wec) co_return;
+  boost::system::error_code ec;
+  conn.stream.socket().shutdown(local::socket::shutdown_send, ec);
+  conn.stream.expires_after(linger_time);
+  std::array<char, 4096> sink{};
+  std::size_t total = 0;
+  while (total < linger_bytes) {
+    auto [rec, n] = co_await conn.stream.async_read_some(asio::buffer(sink), use_tuple);
+    if (rec) break;
+    total += n;
+  }
+}
+
+asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn) {
+  auto self = shared_from_this();
+  const auto id = next_id++;
+  conns.emplace(id, conn);
+  struct Leave {
+    Impl& impl;
+    std::uint64_t id;
+    std::shared_ptr<Conn> conn;
+    ~Leave() {
+      impl.conns.erase(id);
+      conn->close();
+    }
+  } leave{*this, id, conn};
+
+  auto peer = peer_credentials(conn->stream.socket().native_handle());
+  if (!peer) {
+    sys::log(sys::Level::warning, {}, peer.error().message);
+    co_return;
+  }
+  conn->peer = *peer;
+  const auto& limits = options.limits;
+  // Room for one whole request and the start of a pipelined next one; the parser's limits
+  // are what bound a single request.
+  beast::flat_buffer buffer(2 * (limits.header_bytes + limits.body_bytes));
+
+  while (!stopped) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(limits.header_bytes));
+    parser.body_limit(limits.body_bytes);
+    // One deadline for the whole request, headers and body (and for an idle keep-alive wait).
+    conn->stream.expires_after(limits.read_timeout);
+    auto [ec, n] = co_await http::async_read_header(conn->stream, buffer, parser, use_tuple);
+    if (!ec && !parser.is_done()) {
+      if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+        static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+        auto [cec, cn] = co_await asio::async_write(conn->stream, asio::buffer(cont), use_tuple);
+        ec = cec;
+      }
+      if (!ec) std::tie(ec, n) = co_await http::async_read(conn->stream, buffer, parser, use_tuple);
+    }
+    if (ec == http::error::body_limit) {
+      co_await answer_and_close(*conn, 413, make_error(Errc::bad_request,
+          fmt::format("request body exceeds {} bytes", limits.body_bytes)));
+      co_return;
+    }
+    if (ec == http::error::header_limit) {
+      co_await answer_and_close(*conn, 431, make_error(Errc::bad_request,
+          fmt::format("request headers exceed {} bytes", limits.header_bytes)));
+      co_return;
+    }
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted || ec == asio::error::eof ||
+        ec == asio::error::connection_reset || ec == http::error::partial_message)
+      co_return;
+    if (ec && ec.category() == http::make_error_code(http::error::bad_method).category()) {
+      co_await answer_and_close(*conn, 400, make_error(Errc::bad_request,
+          fmt::format("malformed HTTP request: {}", ec.message())));
+      co_return;
+    }
+    if (ec) co_return;
+
+    auto& msg = parser.get();
+    Request req{std::string(msg.method_string()), std::string(msg.target()), std::move(msg.body())};
+    const bool keep_alive = msg.keep_alive();
+    const unsigned version = msg.version();
+    Response r = handle(req, conn->peer, engine, access);
+    if (r.event_stream) {
+      co_await stream_events(conn);
+      co_return;
+    }
+    http::response<http::string_body> res{static_cast<http::status>(r.status), version};
+    res.set(http::field::content_type, r.content_type);
+    for (auto& [name, value] : r.headers) res.set(name, value);
+    res.keep_alive(keep_alive && !stopped);
+    res.body() = std::move(r.body);
+    res.prepare_payload();
+    conn->stream.expires_after(limits.write_timeout);
+    auto [wec, wn] = co_await http::async_write(conn->stream, res, use_tuple);
+    if (wec || !res.keep_alive()) co_return;
+  }
+}
+
+asio::awaitable<void> Server::Impl::stream_events(std::shared_ptr<Conn> conn) {
+  const auto& limits = options.limits;
+  conn->events = std::make_shared<EventQueue>(executor);
+  auto queue = conn->events;
+  const std::size_t max_lag = limits.max_event_lag;
+  // Subscribe before the answer's head goes out: a client that has read the head has every
+  // later event coming.
+  const auto token = engine.subscribe([queue, max_lag](const deploy::Event& e) {
+    if (queue->closed || queue->overflow) return;
+    if (queue->messages.size() >= max_lag) {
+      queue->overflow = true;
+      queue->messages.clear();
+    } else {
+      queue->messages.push_back(sse_message(e));
+    }
+    queue->wake.cancel();
+  });
+  struct Unsubscribe {
+    deploy::Engine& engine;
+    std::uint64_t token;
+    ~Unsubscribe() { engine.unsubscribe(token); }
+  } unsubscribe{engine, token};
+
+  static constexpr std::string_view head =
+      "HTTP/1.1 200 OK\r\n"
+      "Content-Type: text/event-stream\r\n"
+      "Cache-Control: no-cache\r\n"
+      "Connection: close\r\n"
+      "\r\n";
+  conn->stream.expires_after(limits.write_timeout);
+  if (auto [ec, n] = co_await asio::async_write(conn->stream, asio::buffer(head), use_tuple); ec)
+    co_return;
+  watch_for_close(conn);
+
+  std::string batch;
+  while (!queue->closed && !stopped) {
+    if (queue->overflow) {
+      sys::logf(sys::Level::warning,
+                "control: dropping event stream of uid {} (pid {}): more than {} events behind",
+                conn->peer.uid, conn->peer.pid, max_lag);
+      co_return;
+    }
+    batch.clear();
+    if (!queue->messages.empty()) {
+      for (auto& m : queue->messages) batch += m;
+      queue->messages.clear();
+    } else {
+      queue->wake.expires_after(limits.keepalive_interval);
+      auto [ec] = co_await queue->wake.async_wait(use_tuple);
+      if (ec) continue;  // woken: events, overflow or close
+      // Quiet for a while: a comment keeps proxies and idle timeouts from closing the stream.
+      batch = ": keepalive\n\n";
+    }
+    conn->stream.expires_after(limits.write_timeout);
+    auto [ec, n] = co_await asio::async_write(conn->stream, asio::buffer(batch), use_tuple);
+    if (ec) co_return;
+  }
+}
+
+}  // namespace modeld::control

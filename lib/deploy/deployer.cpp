@@ -1,0 +1,504 @@
+#include "deploy/deployer.hpp"
+
+#include "fetch/fetch.hpp"
+#include "store/store.hpp"
+#include "sys/notify.hpp"
+#include "units/service_manager.hpp"
+#include "util/text.hpp"
+#include "util/units.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace modeld::deploy {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+/// The live part of the running deployment.
+struct Deployer::Running {
+  Deployment record;
+  std::unique_ptr<Run> run;
+  asio::cancellation_signal cancel;  ///< bound to the phase that runs now
+  Clock::time_point last_journal_progress{};
+  Clock::time_point last_status{};
+};
+
+std::string_view phase_verb(Phase p) {
+  switch (p) {
+    case Phase::planning: return "planning";
+    case Phase::freeing_disk: return "freeing disk for";
+    case Phase::downloading: return "downloading";
+    case Phase::verifying: return "verifying";
+    case Phase::stopping_old: return "stopping the old model for";
+    case Phase::launching: return "launching";
+    case Phase::health_checking: return "waiting for readiness of";
+    case Phase::benchmarking: return "benchmarking";
+    case Phase::rolling_back: return "rolling back";
+  }
+  return "";
+}
+
+sys::Fields Run::fields() const {
+  sys::Fields f;
+  f.deployment = record.id;
+  f.model = record.model;
+  f.phase = std::string(to_string(record.phase));
+  return f;
+}
+
+Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
+    : io_(io), services_(std::move(services)), states_(states) {}
+
+Deployer::~Deployer() = default;
+
+Result<void> Deployer::load() {
+  auto st = states_.load();
+  if (!st) return st.error();
+  state_ = std::move(*st);
+  for (auto& d : states_.load_history(200)) history_.push_back(std::move(d));
+  return {};
+}
+
+asio::awaitable<void> Deployer::recover() {
+  // The newest deployment that never reached a terminal state was interrupted by a restart.
+  std::optional<Deployment> unfinished;
+  for (auto it = history_.begin(); it != history_.end(); ++it) {
+    if (it->state == State::running) {
+      unfinished = *it;
+      history_.erase(it);
+      break;
+    }
+  }
+  const bool takes_over = unfinished && unfinished->old_stopped;
+  if (state_.active && !takes_over) {
+    const auto* m = services_.config->find_model(state_.active->model);
+    sys::Fields f;
+    f.model = state_.active->model;
+    if (!m) {
+      sys::logf(sys::Level::warning, f, "active model {} is no longer configured; leaving its service alone",
+                state_.active->model);
+    } else {
+      auto r = co_await install_dropin(services_, *m);
+      const auto unit = units::serve_unit(m->name);
+      auto st = r ? co_await services_.units.status(unit) : Result<units::UnitStatus>(r.error());
+      if (!st) {
+        sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
+      } else if (st->active_state == "active" || st->active_state == "activating" || st->active_state == "reloading") {
+        sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit, st->active_state);
+      } else {
+        sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name, st->active_state, unit);
+        (void)co_await services_.units.reset_failed(unit);
+        if (auto s = co_await services_.units.start(unit); !s)
+          sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
+      }
+    }
+  }
+  if (unfinished) {
+    Phase first = Phase::planning;
+    if (unfinished->phase == Phase::rolling_back) first = Phase::rolling_back;
+    else if (unfinished->old_stopped) first = Phase::launching;
+    sys::Fields f;
+    f.deployment = unfinished->id;
+    f.model = unfinished->model;
+    f.phase = std::string(to_string(unfinished->phase));
+    sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}",
+              unfinished->id, unfinished->model, to_string(unfinished->phase), to_string(first));
+    if (!services_.config->find_model(unfinished->model)) {
+      unfinished->state = State::failed;
+      unfinished->error = make_error(Errc::unknown_model, "model " + unfinished->model + " is no longer configured");
+      unfinished->finished_at = util::rfc3339(std::chrono::system_clock::now());
+      persist(*unfinished);
+      history_.push_front(*unfinished);
+    } else {
+      begin(std::move(*unfinished), first);
+    }
+  }
+  announce_status();
+}
+
+void Deployer::shutdown(std::function<void()> done) {
+  shutting_down_ = true;
+  if (!running_) {
+    if (done) done();
+    return;
+  }
+  on_idle_ = std::move(done);
+  running_->cancel.emit(asio::cancellation_type::terminal);
+}
+
+std::string Deployer::new_id(const std::string& model) const {
+  auto now = std::chrono::system_clock::now();
+  std::time_t tt = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  ::gmtime_r(&tt, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  std::string base = fmt::format("{}-{}", stamp, model);
+  std::string id = base;
+  for (int n = 2; get(id); ++n) id = fmt::format("{}-{}", base, n);
+  return id;
+}
+
+Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime) {
+  if (!services_.config->find_model(model))
+    return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+  if (running_)
+    return make_error(Errc::deployment_running,
+                      fmt::format("deployment {} of {} is running (phase {})", running_->record.id,
+                                  running_->record.model, to_string(running_->record.phase)));
+  if (shutting_down_) return make_error(Errc::cancelled, "modeld is shutting down");
+  Deployment d;
+  d.id = new_id(model);
+  d.model = model;
+  d.allow_downtime = allow_downtime;
+  d.started_at = util::rfc3339(std::chrono::system_clock::now());
+  if (state_.active) {
+    d.previous_model = state_.active->model;
+    d.previous_commit = state_.active->commit;
+  }
+  sys::Fields f;
+  f.deployment = d.id;
+  f.model = model;
+  f.phase = "planning";
+  f.message_id = message_id::started;
+  sys::logf(sys::Level::notice, f, "deployment {} of model {} started{}", d.id, model,
+            d.previous_model ? fmt::format(" (replacing {})", *d.previous_model) : std::string(" (no model active)"));
+  begin(d, Phase::planning);
+  return running_->record;
+}
+
+void Deployer::begin(Deployment d, Phase first) {
+  auto r = std::make_shared<Running>();
+  r->record = std::move(d);
+  const auto* model = services_.config->find_model(r->record.model);
+  r->run = std::make_unique<Run>(Run{r->record, *model, {}, state_.last_active, {}, {}, {}, {}, {}});
+  if (r->record.previous_model && r->record.previous_commit)
+    r->run->previous = ActiveRecord{*r->record.previous_model, *r->record.previous_commit, ""};
+  Running* raw = r.get();
+  r->run->changed = [this, raw] { persist(raw->record); };
+  r->run->on_progress = [this, raw](const fetch::Progress& p) { on_progress(*raw, p); };
+  running_ = r;
+  asio::co_spawn(io_, drive(r, first), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      sys::logf(sys::Level::error, "deployment coroutine ended with an exception: {}", ex.what());
+    }
+  });
+}
+
+asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
+  auto& s = services_;
+  auto& run = *r.run;
+  auto body = [&]() -> asio::awaitable<Result<void>> {
+    switch (p) {
+      case Phase::planning: return run_planning(s, run);
+      case Phase::freeing_disk: return run_freeing_disk(s, run);
+      case Phase::downloading: return run_downloading(s, run);
+      case Phase::verifying: return run_verifying(s, run);
+      case Phase::stopping_old: return run_stopping_old(s, run);
+      case Phase::launching: return run_launching(s, run);
+      case Phase::health_checking: return run_health_checking(s, run);
+      case Phase::benchmarking: return run_benchmarking(s, run);
+      case Phase::rolling_back: return run_rolling_back(s, run);
+    }
+    return run_planning(s, run);
+  };
+  // Each phase runs as a child coroutine bound to the deployment's cancellation signal, so a
+  // cancel (or SIGTERM) reaches every operation inside it, and an exception thrown by a bug in
+  // a phase ends the deployment with an error instead of the daemon.
+  auto [ex, result] = co_await asio::co_spawn(
+      io_, body(), asio::bind_cancellation_slot(r.cancel.slot(), asio::as_tuple(asio::use_awaitable)));
+  if (ex) {
+    try {
+      std::rethrow_exception(ex);
+    } catch (const boost::system::system_error& e) {
+      if (e.code() == asio::error::operation_aborted) co_return make_error(Errc::cancelled, "cancelled");
+      co_return make_error(Errc::internal, std::string("phase ") + std::string(to_string(p)) + ": " + e.what());
+    } catch (const std::exception& e) {
+      co_return make_error(Errc::internal, std::string("phase ") + std::string(to_string(p)) + ": " + e.what());
+    }
+  }
+  co_return result;
+}
+
+asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) {
+  Running& r = *rp;
+  auto& d = r.record;
+  static constexpr Phase order[] = {Phase::planning,     Phase::freeing_disk, Phase::downloading,
+                                    Phase::verifying,    Phase::stopping_old, Phase::launching,
+                                    Phase::health_checking, Phase::benchmarking};
+  std::optional<Error> failure;
+  bool rolling_back = first == Phase::rolling_back;
+  if (!rolling_back) {
+    bool started = false;
+    for (Phase p : order) {
+      if (p == first) started = true;
+      if (!started) continue;
+      if (d.cancel_requested) {
+        failure = make_error(Errc::cancelled, "cancelled by the user");
+        break;
+      }
+      d.phase = p;
+      persist(d);
+      emit("phase", d);
+      announce_status();
+      auto res = co_await run_phase(r, p);
+      if (shutting_down_) {
+        // Left recorded as running: the next daemon start continues it from this phase.
+        sys::logf(sys::Level::notice, r.run->fields(), "deployment {} interrupted by shutdown in phase {}", d.id,
+                  to_string(p));
+        persist(d);
+        running_.reset();
+        if (on_idle_) on_idle_();
+        co_return;
+      }
+      if (!res) {
+        failure = d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
+        break;
+      }
+      if (p == Phase::stopping_old) {
+        d.old_stopped = true;
+        persist(d);
+      }
+      if (p == Phase::health_checking) {
+        // The new model serves: record it before the optional benchmark.
+        auto now = util::rfc3339(std::chrono::system_clock::now());
+        if (state_.active) state_.last_active[state_.active->model] = now;
+        state_.active = ActiveRecord{d.model, *d.commit, now};
+        state_.last_active[d.model] = now;
+        if (auto s = states_.save(state_); !s)
+          sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
+        if (auto rm = services_.store.remove_other_revisions(d.model, *d.commit); rm && *rm > 0)
+          sys::logf(sys::Level::info, r.run->fields(), "removed older revisions of {} ({})", d.model,
+                    util::format_bytes(*rm));
+      }
+    }
+    if (!failure) {
+      finish(r, State::succeeded, std::nullopt);
+      co_return;
+    }
+    const bool need_rollback = d.old_stopped && d.previous_model && !(state_.active && state_.active->model == d.model &&
+                                                                       state_.active->commit == d.commit);
+    if (!need_rollback) {
+      finish(r, failure->code == Errc::cancelled ? State::cancelled : State::failed, failure);
+      co_return;
+    }
+    sys::Fields f = r.run->fields();
+    sys::logf(sys::Level::error, f, "phase {} failed after the old model was stopped: {}; rolling back",
+              to_string(d.phase), failure->message);
+    d.error = failure;
+  }
+  // rolling_back is not cancellable: leaving the host with nothing serving is worse.
+  d.phase = Phase::rolling_back;
+  persist(d);
+  emit("phase", d);
+  announce_status();
+  asio::cancellation_signal never;
+  auto [ex, res] = co_await asio::co_spawn(io_, run_rolling_back(services_, *r.run),
+                                           asio::bind_cancellation_slot(never.slot(), asio::as_tuple(asio::use_awaitable)));
+  const std::string first_reason = d.error ? d.error->message : "interrupted by a daemon restart";
+  if (ex || !res) {
+    std::string why = ex ? "an internal error" : res.error().message;
+    finish(r, State::failed,
+           make_error(Errc::rollback_failed, fmt::format("{}; rollback failed too: {}", first_reason, why)));
+    co_return;
+  }
+  finish(r, State::rolled_back,
+         Error{d.error ? d.error->code : Errc::internal,
+               fmt::format("{}; rolled back: {} serves again", first_reason, d.previous_model.value_or("?"))});
+}
+
+void Deployer::finish(Running& r, State state, std::optional<Error> error) {
+  auto& d = r.record;
+  d.state = state;
+  d.error = std::move(error);
+  d.finished_at = util::rfc3339(std::chrono::system_clock::now());
+  persist(d);
+  sys::Fields f = r.run->fields();
+  f.state = std::string(to_string(state));
+  switch (state) {
+    case State::succeeded: f.message_id = message_id::succeeded; break;
+    case State::rolled_back: f.message_id = message_id::rolled_back; break;
+    case State::cancelled: f.message_id = message_id::cancelled; break;
+    default: f.message_id = message_id::failed; break;
+  }
+  if (state == State::succeeded)
+    sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves on port {}", d.id, d.model,
+              d.commit->substr(0, 12), r.run->model.serve.port);
+  else
+    sys::logf(sys::Level::error, f, "deployment {} {} in phase {}: {}", d.id, to_string(state), to_string(d.phase),
+              d.error ? d.error->message : "");
+  history_.push_front(d);
+  while (history_.size() > 200) history_.pop_back();
+  emit("state", d);
+  running_.reset();
+  announce_status();
+}
+
+void Deployer::persist(const Deployment& d) {
+  if (auto r = states_.save_deployment(d); !r)
+    sys::logf(sys::Level::error, "cannot record deployment {}: {}", d.id, r.error().message);
+}
+
+void Deployer::emit(const std::string& kind, const Deployment& d) {
+  nlohmann::json j{{"id", d.id}, {"model", d.model}};
+  if (kind == "phase") j["phase"] = std::string(to_string(d.phase));
+  if (kind == "state") {
+    j["state"] = std::string(to_string(d.state));
+    j["phase"] = std::string(to_string(d.phase));
+    j["error"] = d.error ? error_json(*d.error) : nlohmann::json(nullptr);
+  }
+  if (kind == "progress") j["progress"] = to_json(d)["progress"];
+  Event e{kind, j.dump()};
+  // Copy first: a listener may unsubscribe itself while being called.
+  auto ls = listeners_;
+  for (auto& [_, l] : ls) l(e);
+}
+
+void Deployer::on_progress(Running& r, const fetch::Progress& p) {
+  auto& d = r.record;
+  d.progress.bytes_done = p.bytes_done;
+  d.progress.bytes_total = p.bytes_total;
+  d.progress.files_done = p.files_done;
+  d.progress.files_total = p.files_total;
+  d.progress.rate_bytes_per_s = p.rate_bytes_per_s;
+  if (p.rate_bytes_per_s > 0 && p.bytes_total >= p.bytes_done)
+    d.progress.eta_s = static_cast<double>(p.bytes_total - p.bytes_done) / p.rate_bytes_per_s;
+  else
+    d.progress.eta_s.reset();
+  emit("progress", d);
+  auto now = Clock::now();
+  if (now - r.last_status >= std::chrono::seconds(1)) {
+    r.last_status = now;
+    announce_status();
+  }
+  // The journal gets at most one progress line every 10 s (the API and SSE get every update).
+  if (now - r.last_journal_progress >= std::chrono::seconds(10) || p.bytes_done == p.bytes_total) {
+    r.last_journal_progress = now;
+    sys::Fields f = r.run->fields();
+    f.extra.emplace_back("MODELD_BYTES", std::to_string(p.bytes_done));
+    sys::log(sys::Level::info, f, status_line());
+  }
+}
+
+std::string Deployer::status_line() const {
+  if (running_) {
+    const auto& d = running_->record;
+    std::string s = fmt::format("{} {}", phase_verb(d.phase), d.model);
+    if (d.phase == Phase::downloading && d.progress.bytes_total > 0) {
+      const auto& p = d.progress;
+      s += fmt::format(": {}% of {}, {}", p.bytes_done * 100 / p.bytes_total, util::format_bytes(p.bytes_total),
+                       util::format_rate(p.rate_bytes_per_s));
+      if (p.eta_s)
+        s += ", " + util::format_duration(std::chrono::seconds(static_cast<long long>(*p.eta_s))) + " left";
+    }
+    return s;
+  }
+  std::string s = state_.active ? fmt::format("serving {} ({})", state_.active->model, state_.active->commit.substr(0, 12))
+                                : std::string("idle, no model active");
+  if (!history_.empty() && history_.front().state != State::succeeded)
+    s += fmt::format("; last deployment {} {}", history_.front().id, to_string(history_.front().state));
+  return s;
+}
+
+void Deployer::announce_status() { sys::notify_status(status_line()); }
+
+std::optional<Active> Deployer::active() const {
+  if (!state_.active) return std::nullopt;
+  Active a;
+  a.model = state_.active->model;
+  a.commit = state_.active->commit;
+  a.unit = units::serve_unit(a.model);
+  if (const auto* m = services_.config->find_model(a.model)) a.port = m->serve.port;
+  a.since = state_.active->since;
+  return a;
+}
+
+std::optional<Deployment> Deployer::current() const {
+  if (running_) return running_->record;
+  if (!history_.empty()) return history_.front();
+  return std::nullopt;
+}
+
+std::vector<Deployment> Deployer::history(std::size_t limit) const {
+  std::vector<Deployment> out;
+  if (running_ && limit > 0) out.push_back(running_->record);
+  for (const auto& d : history_) {
+    if (out.size() >= limit) break;
+    out.push_back(d);
+  }
+  return out;
+}
+
+Result<Deployment> Deployer::get(const std::string& id) const {
+  if (running_ && running_->record.id == id) return running_->record;
+  for (const auto& d : history_)
+    if (d.id == id) return d;
+  return make_error(Errc::not_found, fmt::format("no deployment with id '{}'", id));
+}
+
+Result<Deployment> Deployer::cancel(const std::string& id) {
+  if (!running_ || running_->record.id != id) {
+    auto d = get(id);
+    if (!d) return d.error();
+    return make_error(Errc::deployment_ended, fmt::format("deployment {} already ended ({})", id, to_string(d->state)));
+  }
+  auto& d = running_->record;
+  if (d.phase == Phase::rolling_back)
+    return make_error(Errc::deployment_ended, fmt::format("deployment {} is rolling back and cannot be cancelled", id));
+  d.cancel_requested = true;
+  persist(d);
+  sys::Fields f = running_->run->fields();
+  sys::logf(sys::Level::notice, f, "cancel requested for deployment {} in phase {}", id, to_string(d.phase));
+  running_->cancel.emit(asio::cancellation_type::terminal);
+  return d;
+}
+
+std::vector<ModelInfo> Deployer::models() const {
+  std::vector<ModelInfo> out;
+  auto stored = services_.store.list();
+  for (const auto& [name, m] : services_.config->models) {
+    ModelInfo i;
+    i.name = name;
+    i.repo = m.repo;
+    i.revision = m.revision;
+    i.pinned = m.pinned;
+    i.active = state_.active && state_.active->model == name;
+    if (auto la = state_.last_active.find(name); la != state_.last_active.end()) i.last_active = la->second;
+    i.state = "absent";
+    for (const auto& s : stored) {
+      if (s.name != name) continue;
+      i.size_bytes = s.size_bytes;
+      std::optional<std::string> commit = s.linked_commit;
+      if (!commit && !s.commits.empty()) commit = s.commits.back();
+      i.commit = commit;
+      i.state = "partial";
+      if (commit && services_.store.manifest_still_matches(name, *commit)) i.state = "verified";
+    }
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::uint64_t Deployer::subscribe(std::function<void(const Event&)> listener) {
+  auto t = next_listener_++;
+  listeners_[t] = std::move(listener);
+  return t;
+}
+
+void Deployer::unsubscribe(std::uint64_t token) { listeners_.erase(token); }
+
+double Deployer::uptime_s() const {
+  return std::chrono::duration<double>(Clock::now() - started_).count();
+}
+
+}  // namespace modeld::deploy

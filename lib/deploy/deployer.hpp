@@ -1,0 +1,88 @@
+#pragma once
+// The deployment state machine: runs the phases of interface.md in order as one coroutine per
+// deployment, records every transition durably before the next phase starts, rolls back when
+// the new model fails after the old one was stopped, and continues an unfinished deployment
+// after a daemon restart. It is the Engine the control plane talks to.
+
+#include "deploy/engine.hpp"
+#include "deploy/phases.hpp"
+#include "deploy/state_store.hpp"
+
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+
+namespace modeld::deploy {
+
+/// MESSAGE_IDs of catalogued journal events (packaging/modeld.catalog explains them).
+namespace message_id {
+inline constexpr const char* started = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f70";
+inline constexpr const char* succeeded = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f71";
+inline constexpr const char* failed = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f72";
+inline constexpr const char* rolled_back = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f73";
+inline constexpr const char* cancelled = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f74";
+}  // namespace message_id
+
+/// The Engine: owns the running deployment, the history and the daemon state.
+class Deployer final : public Engine {
+ public:
+  /// `services` must outlive the Deployer; `states` is its durable store.
+  Deployer(boost::asio::io_context& io, Services services, StateStore& states);
+  ~Deployer() override;
+
+  /// Loads state.json and the history; io_error when state.json is unreadable.
+  Result<void> load();
+
+  /// At daemon start: rewrites the active model's drop-in and starts its service if it is not
+  /// running, unless an unfinished deployment takes over, which is then continued.
+  boost::asio::awaitable<void> recover();
+
+  /// Stops the running deployment for a daemon shutdown, leaving it recorded as running so the
+  /// next start continues it; calls `done` once nothing runs any more.
+  void shutdown(std::function<void()> done);
+
+  /// A one-line summary for sd_notify STATUS=, e.g. "downloading kimi-k2-5: 37% of 547.0 GB, ...".
+  std::string status_line() const;
+
+  // Engine
+  std::optional<Active> active() const override;
+  std::optional<Deployment> current() const override;
+  std::vector<Deployment> history(std::size_t limit) const override;
+  Result<Deployment> get(const std::string& id) const override;
+  Result<Deployment> start(const std::string& model, bool allow_downtime) override;
+  Result<Deployment> cancel(const std::string& id) override;
+  std::vector<ModelInfo> models() const override;
+  std::uint64_t subscribe(std::function<void(const Event&)> listener) override;
+  void unsubscribe(std::uint64_t token) override;
+  double uptime_s() const override;
+
+ private:
+  struct Running;
+  boost::asio::awaitable<void> drive(std::shared_ptr<Running> r, Phase first);
+  boost::asio::awaitable<Result<void>> run_phase(Running& r, Phase p);
+  void begin(Deployment d, Phase first);
+  void finish(Running& r, State state, std::optional<Error> error);
+  void persist(const Deployment& d);
+  void emit(const std::string& kind, const Deployment& d);
+  void announce_status();
+  void on_progress(Running& r, const struct fetch::Progress& p);
+  std::string new_id(const std::string& model) const;
+
+  boost::asio::io_context& io_;
+  Services services_;
+  StateStore& states_;
+  DaemonState state_;
+  std::deque<Deployment> history_;  ///< ended deployments, newest first
+  std::shared_ptr<Running> running_;
+  std::map<std::uint64_t, std::function<void(const Event&)>> listeners_;
+  std::uint64_t next_listener_ = 1;
+  bool shutting_down_ = false;
+  std::function<void()> on_idle_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace modeld::deploy

@@ -1,0 +1,133 @@
+#include "deploy/deployment.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <utility>
+
+namespace modeld::deploy {
+namespace {
+
+constexpr std::array<std::pair<Phase, std::string_view>, 9> kPhases{{
+    {Phase::planning, "planning"},
+    {Phase::freeing_disk, "freeing_disk"},
+    {Phase::downloading, "downloading"},
+    {Phase::verifying, "verifying"},
+    {Phase::stopping_old, "stopping_old"},
+    {Phase::launching, "launching"},
+    {Phase::health_checking, "health_checking"},
+    {Phase::benchmarking, "benchmarking"},
+    {Phase::rolling_back, "rolling_back"},
+}};
+
+constexpr std::array<std::pair<State, std::string_view>, 5> kStates{{
+    {State::running, "running"},
+    {State::succeeded, "succeeded"},
+    {State::failed, "failed"},
+    {State::cancelled, "cancelled"},
+    {State::rolled_back, "rolled_back"},
+}};
+
+template <class E, std::size_t N>
+std::string_view name_of(const std::array<std::pair<E, std::string_view>, N>& table, E v) {
+  for (const auto& [e, n] : table)
+    if (e == v) return n;
+  return "unknown";
+}
+
+template <class E, std::size_t N>
+std::optional<E> value_of(const std::array<std::pair<E, std::string_view>, N>& table, std::string_view s) {
+  for (const auto& [e, n] : table)
+    if (n == s) return e;
+  return std::nullopt;
+}
+
+template <class T>
+nlohmann::json opt(const std::optional<T>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+std::string_view to_string(Phase p) noexcept { return name_of(kPhases, p); }
+std::string_view to_string(State s) noexcept { return name_of(kStates, s); }
+std::optional<Phase> phase_from_string(std::string_view s) noexcept { return value_of(kPhases, s); }
+std::optional<State> state_from_string(std::string_view s) noexcept { return value_of(kStates, s); }
+
+nlohmann::json error_json(const Error& e) {
+  return {{"code", std::string(to_string(e.code))}, {"message", e.message}};
+}
+
+nlohmann::json to_json(const Deployment& d, bool internal) {
+  nlohmann::json j{
+      {"id", d.id},
+      {"model", d.model},
+      {"commit", opt(d.commit)},
+      {"allow_downtime", d.allow_downtime},
+      {"phase", std::string(to_string(d.phase))},
+      {"state", std::string(to_string(d.state))},
+      {"progress",
+       {{"bytes_done", d.progress.bytes_done},
+        {"bytes_total", d.progress.bytes_total},
+        {"files_done", d.progress.files_done},
+        {"files_total", d.progress.files_total},
+        {"rate_bytes_per_s", d.progress.rate_bytes_per_s},
+        {"eta_s", opt(d.progress.eta_s)}}},
+      {"error", d.error ? error_json(*d.error) : nlohmann::json(nullptr)},
+      {"started_at", d.started_at},
+      {"finished_at", opt(d.finished_at)},
+      {"benchmark", d.benchmark_ttft_s ? nlohmann::json{{"ttft_s", *d.benchmark_ttft_s},
+                                                        {"decode_tokens_per_s",
+                                                         d.benchmark_decode_tokens_per_s.value_or(0)}}
+                                       : nlohmann::json(nullptr)},
+  };
+  if (internal) {
+    j["previous_model"] = opt(d.previous_model);
+    j["previous_commit"] = opt(d.previous_commit);
+    j["old_stopped"] = d.old_stopped;
+    j["cancel_requested"] = d.cancel_requested;
+  }
+  return j;
+}
+
+Result<Deployment> deployment_from_json(const nlohmann::json& j) {
+  try {
+    Deployment d;
+    d.id = j.at("id").get<std::string>();
+    d.model = j.at("model").get<std::string>();
+    if (!j.at("commit").is_null()) d.commit = j.at("commit").get<std::string>();
+    d.allow_downtime = j.value("allow_downtime", false);
+    auto phase = phase_from_string(j.at("phase").get<std::string>());
+    auto state = state_from_string(j.at("state").get<std::string>());
+    if (!phase || !state) return make_error(Errc::bad_request, "deployment record: unknown phase or state");
+    d.phase = *phase;
+    d.state = *state;
+    const auto& p = j.at("progress");
+    d.progress.bytes_done = p.at("bytes_done").get<std::uint64_t>();
+    d.progress.bytes_total = p.at("bytes_total").get<std::uint64_t>();
+    d.progress.files_done = p.at("files_done").get<unsigned>();
+    d.progress.files_total = p.at("files_total").get<unsigned>();
+    d.progress.rate_bytes_per_s = p.at("rate_bytes_per_s").get<double>();
+    if (!p.at("eta_s").is_null()) d.progress.eta_s = p.at("eta_s").get<double>();
+    if (!j.at("error").is_null())
+      d.error = Error{errc_from_string(j["error"].at("code").get<std::string>()),
+                      j["error"].at("message").get<std::string>()};
+    d.started_at = j.at("started_at").get<std::string>();
+    if (!j.at("finished_at").is_null()) d.finished_at = j.at("finished_at").get<std::string>();
+    if (j.contains("benchmark") && !j["benchmark"].is_null()) {
+      d.benchmark_ttft_s = j["benchmark"].at("ttft_s").get<double>();
+      d.benchmark_decode_tokens_per_s = j["benchmark"].at("decode_tokens_per_s").get<double>();
+    }
+    if (j.contains("previous_model") && !j["previous_model"].is_null())
+      d.previous_model = j["previous_model"].get<std::string>();
+    if (j.contains("previous_commit") && !j["previous_commit"].is_null())
+      d.previous_commit = j["previous_commit"].get<std::string>();
+    d.old_stopped = j.value("old_stopped", false);
+    d.cancel_requested = j.value("cancel_requested", false);
+    return d;
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());
+  }
+}
+
+}  // namespace modeld::deploy

@@ -1,0 +1,35 @@
+// downloading: hand the missing files to the download engine.
+#include "deploy/phases.hpp"
+
+#include "fetch/fetch.hpp"
+#include "store/store.hpp"
+#include "util/units.hpp"
+
+namespace modeld::deploy {
+
+boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
+  if (run.missing.empty()) {
+    sys::logf(sys::Level::info, run.fields(), "nothing to download: every file is on disk");
+    co_return Result<void>{};
+  }
+  const auto& cfg = *s.config;
+  fetch::Options opt;
+  opt.repo = run.model.repo;
+  opt.commit = *run.record.commit;
+  opt.dest_dir = s.store.revision_dir(run.model.name, *run.record.commit);
+  opt.parallel_files = cfg.hub.parallel_files;
+  opt.max_bytes_per_s = cfg.hub.max_bytes_per_s;
+  std::uint64_t total = 0;
+  for (const auto& f : run.missing) total += f.size;
+  sys::logf(sys::Level::info, run.fields(), "downloading {} files ({}) from {}, {} at once", run.missing.size(),
+            util::format_bytes(total), s.hub.endpoint(), opt.parallel_files);
+
+  fetch::Fetcher fetcher(s.hub, s.hub_client, s.disk_pool, opt);
+  auto got = co_await fetcher.run(run.missing, run.on_progress);
+  if (!got) co_return got.error();
+  for (const auto& f : *got) run.fetched.insert(f.path);
+  sys::logf(sys::Level::info, run.fields(), "downloaded {} files, {}", got->size(), util::format_bytes(total));
+  co_return Result<void>{};
+}
+
+}  // namespace modeld::deploy

@@ -1,0 +1,88 @@
+// health_checking and benchmarking: readiness of the new server, then an optional measurement.
+#include "deploy/phases.hpp"
+
+#include "health/health.hpp"
+#include "units/service_manager.hpp"
+#include "util/files.hpp"
+#include "util/units.hpp"
+
+namespace modeld::deploy {
+
+Result<void> read_api_key(const config::ModelConfig& model, std::optional<std::string>& key) {
+  key.reset();
+  if (model.health.api_key_file.empty()) return {};
+  auto text = util::read_file(model.health.api_key_file, 4096);
+  if (!text) return make_error(Errc::io_error, "cannot read api_key_file of model " + model.name + ": " + text.error().message);
+  std::string k = *text;
+  while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();
+  if (auto nl = k.find('\n'); nl != std::string::npos) k.resize(nl);
+  key = k;
+  return {};
+}
+
+namespace {
+Result<health::Target> target_of(const config::ModelConfig& m) {
+  health::Target t;
+  t.port = m.serve.port;
+  t.health_path = m.health.path;
+  t.models_path = m.health.models_path;
+  t.served_name = m.serve.served_name;
+  t.completion = m.health.completion;
+  if (auto r = read_api_key(m, t.api_key); !r) return r.error();
+  return t;
+}
+
+std::string_view step_name(health::Step s) {
+  switch (s) {
+    case health::Step::unit_active: return "unit active";
+    case health::Step::health: return "health endpoint answers";
+    case health::Step::models: return "served model listed";
+    case health::Step::completion: return "completion returns a token";
+    case health::Step::ready: return "ready";
+  }
+  return "?";
+}
+}  // namespace
+
+boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& m, const sys::Fields& fields) {
+  auto target = target_of(m);
+  if (!target) co_return target.error();
+  const auto unit = units::serve_unit(m.name);
+  sys::logf(sys::Level::info, fields, "waiting up to {} for {} to be ready on port {}",
+            util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(m.serve.startup_timeout)), unit,
+            m.serve.port);
+  const auto t0 = std::chrono::steady_clock::now();
+  co_return co_await health::wait_ready(
+      s.local_client, s.units, unit, *target, m.serve.startup_timeout,
+      [&](health::Step step, const std::string& detail) {
+        auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
+        sys::logf(sys::Level::info, fields, "{}: {} after {}{}{}", unit, step_name(step), util::format_duration(secs),
+                  detail.empty() ? "" : ": ", detail);
+      });
+}
+
+boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run) {
+  co_return co_await wait_model_ready(s, run.model, run.fields());
+}
+
+boost::asio::awaitable<Result<void>> run_benchmarking(Services& s, Run& run) {
+  if (!run.model.benchmark.enabled) {
+    sys::logf(sys::Level::info, run.fields(), "benchmark disabled for model {}", run.model.name);
+    co_return Result<void>{};
+  }
+  auto target = target_of(run.model);
+  if (!target) co_return target.error();
+  auto r = co_await health::benchmark(s.local_client, *target, run.model.benchmark.prompt, run.model.benchmark.max_tokens);
+  if (!r) {
+    // A failed measurement does not make a ready server unfit to serve.
+    sys::logf(sys::Level::warning, run.fields(), "benchmark failed: {}, ignoring", r.error().message);
+    co_return Result<void>{};
+  }
+  run.record.benchmark_ttft_s = r->ttft_s;
+  run.record.benchmark_decode_tokens_per_s = r->decode_tokens_per_s;
+  sys::logf(sys::Level::info, run.fields(), "benchmark: first token after {:.3f} s, {:.1f} tokens/s", r->ttft_s,
+            r->decode_tokens_per_s);
+  co_return Result<void>{};
+}
+
+}  // namespace modeld::deploy

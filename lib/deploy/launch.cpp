@@ -1,0 +1,77 @@
+// launching: switch the model's folder to the new revision, write its drop-in, start its unit.
+#include "deploy/phases.hpp"
+
+#include "store/store.hpp"
+#include "units/service_manager.hpp"
+#include "util/units.hpp"
+
+#include <fmt/format.h>
+
+namespace modeld::deploy {
+
+namespace {
+
+// Quotes one word for an ExecStart= or Environment= line (systemd.syntax(7), systemd.service(5)):
+// double quotes with backslash escapes; '%' doubled so specifiers do not expand, '$' doubled so
+// environment variables do not expand.
+std::string quote(std::string_view word) {
+  std::string out = "\"";
+  for (char c : word) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '%': out += "%%"; break;
+      case '$': out += "$$"; break;
+      default: out.push_back(c);
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+std::string seconds(std::chrono::milliseconds d) {
+  return fmt::format("{}s", std::max<long long>(1, std::chrono::duration_cast<std::chrono::seconds>(d).count()));
+}
+
+}  // namespace
+
+std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir) {
+  std::string out = fmt::format(
+      "# Written by modeld for model {} from {}; rewritten at every daemon start. Do not edit:\n"
+      "# put your own settings in another drop-in of this folder.\n"
+      "[Unit]\nDescription=modeld model service {} ({})\n\n[Service]\n",
+      model.name, model.source_file.string(), model.name, model.repo);
+  auto argv = config::expand_command(model, model_dir);
+  out += "ExecStart=\nExecStart=";
+  for (std::size_t i = 0; i < argv.size(); ++i) out += (i ? " " : "") + quote(argv[i]);
+  out += "\n";
+  out += fmt::format("WorkingDirectory={}\n", quote(model_dir.string()));
+  for (const auto& [k, v] : model.serve.environment) out += "Environment=" + quote(k + "=" + v) + "\n";
+  // modeld enforces startup_timeout itself (it can be hours), so systemd must not give up first.
+  out += "TimeoutStartSec=infinity\n";
+  out += fmt::format("TimeoutStopSec={}\n", seconds(model.serve.stop_timeout));
+  return out;
+}
+
+boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::ModelConfig& model) {
+  const auto unit = units::serve_unit(model.name);
+  if (auto r = s.units.write_dropin(unit, "10-modeld.conf", render_dropin(model, s.store.model_path(model.name))); !r)
+    co_return r.error();
+  co_return co_await s.units.reload();
+}
+
+boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run) {
+  const auto unit = units::serve_unit(run.model.name);
+  const auto& commit = *run.record.commit;
+  if (auto r = s.store.switch_link(run.model.name, commit); !r) co_return r.error();
+  if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();
+  // A unit left failed by an earlier attempt would refuse to start again.
+  (void)co_await s.units.reset_failed(unit);
+  sys::logf(sys::Level::info, run.fields(), "starting {} on port {} with {} -> {}", unit, run.model.serve.port,
+            s.store.model_path(run.model.name).string(), commit.substr(0, 12));
+  if (auto r = co_await s.units.start(unit); !r) co_return r.error();
+  co_return Result<void>{};
+}
+
+}  // namespace modeld::deploy

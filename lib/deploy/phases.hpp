@@ -1,0 +1,105 @@
+#pragma once
+// The phases of a deployment, one file each (plan.cpp, free_disk.cpp, download.cpp, verify.cpp,
+// stop_old.cpp, launch.cpp, health_check.cpp, benchmark.cpp, rollback.cpp). Each takes the
+// long-lived services and the run it works on and returns a Result; the Deployer records each
+// transition durably before the next phase starts.
+
+#include "config/config.hpp"
+#include "deploy/deployment.hpp"
+#include "deploy/state_store.hpp"
+#include "hub/hub.hpp"
+#include "sys/log.hpp"
+#include "util/error.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace modeld::http { class Client; }
+namespace modeld::store { class Store; }
+namespace modeld::units { class ServiceManager; }
+namespace modeld::fetch { struct Progress; }
+
+namespace modeld::deploy {
+
+/// The daemon's long-lived parts that every phase may use.
+struct Services {
+  std::shared_ptr<const config::Config> config;
+  store::Store& store;
+  hub::Hub& hub;
+  http::Client& hub_client;    ///< talks to the Hub and its CDN (carries the token)
+  http::Client& local_client;  ///< talks to local inference servers (no token)
+  units::ServiceManager& units;
+  boost::asio::thread_pool& disk_pool;
+};
+
+/// One deployment in progress: its record and what the phases learn along the way.
+struct Run {
+  Deployment& record;
+  const config::ModelConfig& model;
+  std::optional<ActiveRecord> previous;  ///< the model that served when the run started
+  std::map<std::string, std::string> last_active;  ///< model -> RFC 3339, for eviction order
+  std::optional<hub::Snapshot> snapshot; ///< after planning, with files filtered
+  std::vector<hub::RepoFile> missing;    ///< files still to download, after planning
+  std::set<std::string> fetched;         ///< paths downloaded and hashed by this run
+  std::function<void()> changed;         ///< persist the record and tell listeners
+  std::function<void(const fetch::Progress&)> on_progress;  ///< from the download engine
+
+  /// The journal fields of this run in its current phase.
+  sys::Fields fields() const;
+};
+
+/// planning: resolve the revision to a commit, list and filter files, refuse needed files that
+/// the filters drop, link unchanged files from older revisions, find what is still missing.
+boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run);
+
+/// freeing_disk: compare bytes still needed with free space minus disk_reserve, evict least
+/// recently active models that are neither active, pinned nor the target, or refuse (disk_full).
+boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run);
+
+/// downloading: fetch the missing files (hashing inline), reporting progress.
+boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run);
+
+/// verifying: hash files this run did not fetch, check structure (safetensors, index, config),
+/// then write the revision's manifest.
+boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run);
+
+/// stopping_old: stop the active model's unit and wait until it is inactive.
+boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run);
+
+/// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, start.
+boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run);
+
+/// health_checking: wait for readiness within startup_timeout.
+boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run);
+
+/// Waits until the service of `model` is ready within its startup_timeout, logging each step.
+boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& model,
+                                                      const sys::Fields& fields);
+
+/// benchmarking: measure first-token latency and decode rate when enabled.
+boost::asio::awaitable<Result<void>> run_benchmarking(Services& s, Run& run);
+
+/// rolling_back: stop the new service, restore the previous model's link and service, wait for
+/// its readiness. Returns rollback_failed when the old service cannot be restored.
+boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, Run& run);
+
+/// Writes the drop-in of `model` (command, environment, working directory, timeouts) and
+/// returns its text; exposed for tests. Values are quoted per systemd.syntax(7).
+std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir);
+
+/// Writes the model's drop-in into unit_dir and reloads systemd.
+boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::ModelConfig& model);
+
+/// Reads the model's health API key from api_key_file (first line, trimmed) into `key`; leaves
+/// it empty when no file is configured; io_error naming the file (never its content) otherwise.
+Result<void> read_api_key(const config::ModelConfig& model, std::optional<std::string>& key);
+
+}  // namespace modeld::deploy

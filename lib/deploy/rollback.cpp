@@ -1,0 +1,40 @@
+// rolling_back: the new model failed after the old one was stopped; bring the old one back.
+#include "deploy/phases.hpp"
+
+#include "store/store.hpp"
+#include "units/service_manager.hpp"
+
+#include <fmt/format.h>
+
+namespace modeld::deploy {
+
+boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, Run& run) {
+  const auto new_unit = units::serve_unit(run.model.name);
+  const auto stop_timeout = run.model.serve.stop_timeout;
+  sys::logf(sys::Level::warning, run.fields(), "stopping {}", new_unit);
+  if (auto r = co_await s.units.stop(new_unit); !r)
+    co_return make_error(Errc::rollback_failed, "could not stop the new service: " + r.error().message);
+  if (auto r = co_await units::wait_inactive(s.units, new_unit, stop_timeout); !r)
+    co_return make_error(Errc::rollback_failed, "the new service did not stop: " + r.error().message);
+
+  if (!run.previous) co_return make_error(Errc::rollback_failed, "no model served before: nothing to restore");
+  const auto* old = s.config->find_model(run.previous->model);
+  if (!old)
+    co_return make_error(Errc::rollback_failed,
+                         fmt::format("model {} that served before is no longer configured", run.previous->model));
+  // Its files were never touched: a new revision of the same model lives in its own folder.
+  if (auto r = s.store.switch_link(old->name, run.previous->commit); !r)
+    co_return make_error(Errc::rollback_failed, r.error().message);
+  if (auto r = co_await install_dropin(s, *old); !r) co_return make_error(Errc::rollback_failed, r.error().message);
+  const auto old_unit = units::serve_unit(old->name);
+  (void)co_await s.units.reset_failed(old_unit);
+  sys::logf(sys::Level::warning, run.fields(), "starting {} again (model {} at {})", old_unit, old->name,
+            run.previous->commit.substr(0, 12));
+  if (auto r = co_await s.units.start(old_unit); !r) co_return make_error(Errc::rollback_failed, r.error().message);
+  if (auto r = co_await wait_model_ready(s, *old, run.fields()); !r)
+    co_return make_error(Errc::rollback_failed, "the previous model did not become ready again: " + r.error().message);
+  sys::logf(sys::Level::notice, run.fields(), "model {} serves again", old->name);
+  co_return Result<void>{};
+}
+
+}  // namespace modeld::deploy

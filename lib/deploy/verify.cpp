@@ -1,0 +1,82 @@
+// verifying: every listed file hashed (inline by fetch, or here), structure checked, manifest.
+#include "deploy/phases.hpp"
+
+#include "store/store.hpp"
+#include "util/text.hpp"
+#include "util/units.hpp"
+#include "verify/verify.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <thread>
+
+namespace modeld::deploy {
+
+namespace {
+
+// Runs `fn` on the disk pool and resumes on the caller's executor with its result.
+template <class Fn>
+boost::asio::awaitable<std::invoke_result_t<Fn>> on_pool(boost::asio::thread_pool& pool, Fn fn) {
+  co_return co_await boost::asio::co_spawn(
+      pool, [fn = std::move(fn)]() -> boost::asio::awaitable<std::invoke_result_t<Fn>> { co_return fn(); },
+      boost::asio::use_awaitable);
+}
+
+}  // namespace
+
+boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run) {
+  const auto& snap = *run.snapshot;
+  const auto dir = s.store.revision_dir(run.model.name, snap.commit);
+
+  if (run.missing.empty() && s.store.manifest_still_matches(run.model.name, snap.commit)) {
+    sys::logf(sys::Level::info, run.fields(), "files unchanged since their verification at commit {}: trusted",
+              snap.commit.substr(0, 12));
+    co_return Result<void>{};
+  }
+
+  // Files the engine did not hash on arrival (already on disk, hard-linked) are hashed now.
+  std::vector<hub::RepoFile> unhashed;
+  for (const auto& f : snap.files)
+    if (!run.fetched.contains(f.path)) unhashed.push_back(f);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+
+  auto report = co_await on_pool(s.disk_pool, [&] {
+    verify::Report r = verify::check_hashes(dir, unhashed, cores);
+    auto structure = verify::check_structure(dir, snap.files);
+    r.problems.insert(r.problems.end(), structure.problems.begin(), structure.problems.end());
+    return r;
+  });
+  if (!report.ok()) {
+    for (const auto& p : report.problems) {
+      sys::Fields f = run.fields();
+      f.extra.emplace_back("MODELD_FILE", p.file);
+      if (!p.tensor.empty()) f.extra.emplace_back("MODELD_TENSOR", p.tensor);
+      sys::log(sys::Level::error, f, p.message);
+    }
+    co_return report.to_error();
+  }
+
+  store::Manifest m;
+  m.repo = snap.repo;
+  m.revision = run.model.revision;
+  m.commit = snap.commit;
+  m.verified_at = util::rfc3339(std::chrono::system_clock::now());
+  for (const auto& f : snap.files) {
+    store::ManifestFile mf;
+    mf.path = f.path;
+    mf.size = f.size;
+    mf.sha256 = f.lfs_sha256.value_or("");
+    mf.git_sha1 = f.blob_id;
+    auto id = store::identity_of(dir / f.path);
+    if (!id) co_return id.error();
+    mf.identity = *id;
+    m.files.push_back(std::move(mf));
+  }
+  if (auto r = s.store.write_manifest(run.model.name, m); !r) co_return r.error();
+  sys::logf(sys::Level::info, run.fields(), "verified {} files ({}; {} hashed now, {} while downloading)",
+            snap.files.size(), util::format_bytes(m.size_bytes()), unhashed.size(), run.fetched.size());
+  co_return Result<void>{};
+}
+
+}  // namespace modeld::deploy

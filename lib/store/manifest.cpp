@@ -1,0 +1,217 @@
+// Manifests (the record that a revision was verified), their fast re-check by file identity,
+// and hard-linking unchanged files from older verified revisions.
+
+#include "store/store.hpp"
+
+#include "store/store_detail.hpp"
+#include "util/files.hpp"
+#include "util/text.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <set>
+#include <sys/stat.h>
+#include <system_error>
+#include <unistd.h>
+
+namespace modeld::store {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::size_t kMaxManifestBytes = 64u << 20;
+
+fs::path manifest_path(const fs::path& revision) { return revision / ".modeld" / "manifest.json"; }
+
+json to_json(const Manifest& m) {
+  json files = json::array();
+  for (const auto& f : m.files)
+    files.push_back({{"path", f.path},
+                     {"size", f.size},
+                     {"sha256", f.sha256},
+                     {"git_sha1", f.git_sha1},
+                     {"identity",
+                      {{"dev", f.identity.device},
+                       {"ino", f.identity.inode},
+                       {"size", f.identity.size},
+                       {"mtime_ns", f.identity.mtime_ns},
+                       {"ctime_ns", f.identity.ctime_ns}}}});
+  return {{"repo", m.repo},
+          {"revision", m.revision},
+          {"commit", m.commit},
+          {"verified_at", m.verified_at},
+          {"files", std::move(files)}};
+}
+
+// Throws nlohmann::json::exception on a missing or mistyped field; the caller turns it into an Error.
+Manifest from_json(const json& j) {
+  Manifest m;
+  m.repo = j.at("repo").get<std::string>();
+  m.revision = j.at("revision").get<std::string>();
+  m.commit = j.at("commit").get<std::string>();
+  m.verified_at = j.at("verified_at").get<std::string>();
+  for (const auto& f : j.at("files")) {
+    ManifestFile mf;
+    mf.path = f.at("path").get<std::string>();
+    mf.size = f.at("size").get<std::uint64_t>();
+    mf.sha256 = f.at("sha256").get<std::string>();
+    mf.git_sha1 = f.at("git_sha1").get<std::string>();
+    const auto& id = f.at("identity");
+    mf.identity.device = id.at("dev").get<std::uint64_t>();
+    mf.identity.inode = id.at("ino").get<std::uint64_t>();
+    mf.identity.size = id.at("size").get<std::uint64_t>();
+    mf.identity.mtime_ns = id.at("mtime_ns").get<std::int64_t>();
+    mf.identity.ctime_ns = id.at("ctime_ns").get<std::int64_t>();
+    m.files.push_back(std::move(mf));
+  }
+  return m;
+}
+
+// The path-independent content key a file is matched by across revisions: sha256 for LFS
+// files, the git blob sha1 otherwise, and the size.
+std::string content_key(const std::string& sha256, const std::string& git_sha1, std::uint64_t size) {
+  return sha256.empty() ? fmt::format("sha1:{}:{}", git_sha1, size) : fmt::format("sha256:{}:{}", sha256, size);
+}
+
+std::atomic<unsigned> temp_counter{0};
+
+}  // namespace
+
+std::uint64_t Manifest::size_bytes() const {
+  std::set<detail::InodeKey> seen;
+  std::uint64_t total = 0;
+  for (const auto& f : files)
+    if (f.identity.inode == 0 || seen.emplace(f.identity.device, f.identity.inode).second) total += f.size;
+  return total;
+}
+
+Result<std::optional<Manifest>> Store::read_manifest(const std::string& name, const std::string& commit) const {
+  if (auto r = detail::check_names(name, commit); !r) return r.error();
+  const auto path = manifest_path(revision_dir(name, commit));
+  auto text = util::read_file(path, kMaxManifestBytes);
+  if (!text) {
+    if (text.error().code == Errc::not_found) return std::optional<Manifest>{};
+    return make_error(Errc::io_error, text.error().message);
+  }
+  try {
+    return std::optional<Manifest>(from_json(json::parse(*text)));
+  } catch (const json::exception& e) {
+    return make_error(Errc::io_error, fmt::format("{}: not a valid manifest: {}", path.string(), e.what()));
+  }
+}
+
+Result<void> Store::write_manifest(const std::string& name, const Manifest& manifest) {
+  if (auto r = detail::check_names(name, manifest.commit); !r) return r.error();
+  const auto path = manifest_path(revision_dir(name, manifest.commit));
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", path.parent_path().string(), ec.message()));
+  return util::write_file_atomically(path, to_json(manifest).dump(1) + "\n");
+}
+
+bool Store::manifest_still_matches(const std::string& name, const std::string& commit) const {
+  auto m = read_manifest(name, commit);
+  if (!m || !*m || (*m)->commit != commit) return false;
+  const auto dir = revision_dir(name, commit);
+  for (const auto& f : (*m)->files) {
+    if (!util::safe_relative_path(f.path)) return false;
+    auto id = identity_of(dir / f.path);
+    if (!id || *id != f.identity || id->size != f.size) return false;
+  }
+  return true;
+}
+
+Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const std::string& name,
+                                                                          const hub::Snapshot& snapshot) {
+  if (auto r = detail::check_names(name, snapshot.commit); !r) return r.error();
+  for (const auto& f : snapshot.files)
+    if (!util::safe_relative_path(f.path))
+      return make_error(Errc::plan_invalid, fmt::format("{}: path escapes the model folder", f.path));
+  const auto target = revision_dir(name, snapshot.commit);
+  std::error_code ec;
+  fs::create_directories(target, ec);
+  if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", target.string(), ec.message()));
+
+  // Verified revisions of the same model, and where each content key can be found in them.
+  struct Source {
+    std::string commit;
+    Manifest manifest;
+    bool dirty = false;
+  };
+  std::vector<Source> sources;
+  {
+    struct stat st {};
+    const auto model_root = models_dir_ / ".store" / name;
+    if (::lstat(model_root.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      for (fs::directory_iterator it(model_root, ec), end; !ec && it != end; it.increment(ec)) {
+        auto c = it->path().filename().string();
+        if (c == snapshot.commit || !detail::valid_commit(c)) continue;
+        // A revision whose manifest cannot be read is simply not a source.
+        if (auto m = read_manifest(name, c); m && *m) sources.push_back({c, std::move(**m)});
+      }
+  }
+  std::map<std::string, std::vector<std::pair<std::size_t, std::size_t>>> by_key;  // key -> (source, file)
+  for (std::size_t s = 0; s < sources.size(); ++s)
+    for (std::size_t i = 0; i < sources[s].manifest.files.size(); ++i) {
+      const auto& mf = sources[s].manifest.files[i];
+      if (util::safe_relative_path(mf.path)) by_key[content_key(mf.sha256, mf.git_sha1, mf.size)].emplace_back(s, i);
+    }
+
+  std::vector<hub::RepoFile> missing;
+  for (const auto& f : snapshot.files) {
+    const auto dest = target / f.path;
+    struct stat st {};
+    if (::lstat(dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.size)
+      continue;  // present; its hash is checked by the fetch engine or verification later
+
+    bool linked = false;
+    auto found = by_key.find(f.lfs_sha256 ? content_key(*f.lfs_sha256, "", f.size) : content_key("", f.blob_id, f.size));
+    if (found == by_key.end()) {
+      missing.push_back(f);
+      continue;
+    }
+    for (auto [s, i] : found->second) {
+      const auto& mf = sources[s].manifest.files[i];
+      const auto src = revision_dir(name, sources[s].commit) / mf.path;
+      // Only a file that still has its verified identity is trusted without re-hashing.
+      auto before = identity_of(src);
+      if (!before || *before != mf.identity) continue;
+      fs::create_directories(dest.parent_path(), ec);
+      if (ec) continue;
+      // Link under a temporary name and rename over whatever stale file is in the way.
+      auto tmp = dest;
+      tmp += fmt::format(".link-{}-{}", ::getpid(), temp_counter.fetch_add(1));
+      ::unlink(tmp.c_str());
+      if (::link(src.c_str(), tmp.c_str()) != 0) continue;  // e.g. EXDEV, EMLINK: download it instead
+      if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+        ::unlink(tmp.c_str());
+        continue;
+      }
+      linked = true;
+      // Linking changed the inode's ctime; refresh every manifest that recorded the inode as it
+      // was, so the older revisions still pass manifest_still_matches without a re-hash.
+      if (auto after = identity_of(src))
+        for (auto& other : sources)
+          for (auto& of : other.manifest.files)
+            if (of.identity == *before) {
+              of.identity = *after;
+              other.dirty = true;
+            }
+      break;
+    }
+    if (!linked) missing.push_back(f);
+  }
+
+  // Best effort: a manifest left stale only costs a re-hash of that revision later.
+  for (const auto& s : sources)
+    if (s.dirty) (void)write_manifest(name, s.manifest);
+  return missing;
+}
+
+}  // namespace modeld::store

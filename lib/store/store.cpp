@@ -1,0 +1,242 @@
+// The store's layout: revision folders, the model link and its atomic switch, listing and
+// deletion. Deletion never follows a symlink, so a link planted inside a model folder cannot make
+// modeld delete anything outside models_dir.
+
+#include "store/store.hpp"
+
+#include "store/store_detail.hpp"
+#include "util/files.hpp"
+#include "util/text.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <map>
+#include <sys/stat.h>
+#include <system_error>
+#include <unistd.h>
+
+namespace modeld::store {
+
+namespace fs = std::filesystem;
+
+namespace detail {
+
+bool valid_commit(std::string_view commit) {
+  if (commit.empty() || commit.size() > 128 || commit.front() == '.') return false;
+  return std::all_of(commit.begin(), commit.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+Result<void> check_names(std::string_view name, std::string_view commit) {
+  if (!util::valid_model_name(name))
+    return make_error(Errc::bad_request, fmt::format("model name '{}' is not valid", name));
+  if (!valid_commit(commit))
+    return make_error(Errc::bad_request, fmt::format("model {}: commit '{}' is not a valid folder name", name, commit));
+  return {};
+}
+
+namespace {
+template <class F>
+void walk_files(const fs::path& root, F&& on_file) {
+  std::error_code ec;
+  // The default options do not follow directory symlinks; lstat keeps file symlinks out too.
+  fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) on_file(it->path(), st);
+  }
+}
+}  // namespace
+
+std::uint64_t tree_bytes(const fs::path& root, std::set<InodeKey>& seen) {
+  std::uint64_t total = 0;
+  walk_files(root, [&](const fs::path&, const struct stat& st) {
+    if (seen.emplace(static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)).second)
+      total += static_cast<std::uint64_t>(st.st_size);
+  });
+  return total;
+}
+
+void collect_inodes(const fs::path& root, std::set<InodeKey>& seen) {
+  walk_files(root, [&](const fs::path&, const struct stat& st) {
+    seen.emplace(static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino));
+  });
+}
+
+}  // namespace detail
+
+namespace {
+
+// Sub-folders of `dir` that are real directories (never symlinks), sorted.
+std::vector<std::string> subdirectories(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISDIR(st.st_mode)) out.push_back(it->path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool is_real_directory(const fs::path& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::atomic<unsigned> temp_counter{0};
+
+}  // namespace
+
+Store::Store(fs::path models_dir) : models_dir_(std::move(models_dir)) {}
+
+fs::path Store::revision_dir(const std::string& name, const std::string& commit) const {
+  return models_dir_ / ".store" / name / commit;
+}
+
+fs::path Store::model_path(const std::string& name) const { return models_dir_ / name; }
+
+Result<void> Store::prepare_revision(const std::string& name, const std::string& commit) {
+  if (auto r = detail::check_names(name, commit); !r) return r.error();
+  auto dir = revision_dir(name, commit) / ".modeld" / "partial";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", dir.string(), ec.message()));
+  return {};
+}
+
+std::optional<std::string> Store::linked_commit(const std::string& name) const {
+  if (!util::valid_model_name(name)) return std::nullopt;
+  char buf[4096];
+  ssize_t n = ::readlink(model_path(name).c_str(), buf, sizeof buf - 1);
+  if (n < 0) return std::nullopt;
+  fs::path target(std::string(buf, static_cast<std::size_t>(n)));
+  // Only a link of the form switch_link() writes names a revision of ours.
+  if (target.parent_path() != fs::path(".store") / name) return std::nullopt;
+  auto commit = target.filename().string();
+  if (!detail::valid_commit(commit)) return std::nullopt;
+  return commit;
+}
+
+Result<void> Store::switch_link(const std::string& name, const std::string& commit) {
+  if (auto r = detail::check_names(name, commit); !r) return r.error();
+  if (!is_real_directory(revision_dir(name, commit)))
+    return make_error(Errc::not_found, fmt::format("{}: no such revision folder", revision_dir(name, commit).string()));
+  const auto link = model_path(name);
+  // The temporary name starts with '.', so list() never takes it for a model.
+  const auto tmp = models_dir_ / fmt::format(".{}.link-{}-{}", name, ::getpid(), temp_counter.fetch_add(1));
+  ::unlink(tmp.c_str());
+  const auto target = fs::path(".store") / name / commit;  // relative: the tree may be moved or bind-mounted
+  if (::symlink(target.c_str(), tmp.c_str()) != 0) return util::errno_error(errno, tmp, "symlink");
+  // rename(2) replaces the old link in one step: a reader sees the old or the new revision.
+  if (::rename(tmp.c_str(), link.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return util::errno_error(err, link, "replace link");
+  }
+  return util::fsync_directory(models_dir_);
+}
+
+std::uint64_t Store::partial_bytes(const std::string& name, const std::string& commit) const {
+  if (!detail::check_names(name, commit)) return 0;
+  std::uint64_t total = 0;
+  std::error_code ec;
+  const auto root = revision_dir(name, commit) / ".modeld" / "partial";
+  for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const auto fname = it->path().filename().string();
+    auto ends = [&](std::string_view s) { return fname.size() >= s.size() && fname.compare(fname.size() - s.size(), s.size(), s) == 0; };
+    if (ends(partial_sidecar_suffix) || ends(".json")) continue;
+    total += static_cast<std::uint64_t>(st.st_size);
+  }
+  return total;
+}
+
+std::vector<StoredModel> Store::list() const {
+  std::map<std::string, StoredModel> found;
+  const auto store_root = models_dir_ / ".store";
+  if (is_real_directory(store_root))
+    for (const auto& n : subdirectories(store_root))
+      if (util::valid_model_name(n)) found[n].name = n;
+  std::error_code ec;
+  for (fs::directory_iterator it(models_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    auto n = it->path().filename().string();
+    struct stat st {};
+    if (util::valid_model_name(n) && ::lstat(it->path().c_str(), &st) == 0 && S_ISLNK(st.st_mode)) found[n].name = n;
+  }
+  std::vector<StoredModel> out;
+  for (auto& [n, m] : found) {
+    m.linked_commit = linked_commit(n);
+    const auto dir = store_root / n;
+    if (is_real_directory(store_root) && is_real_directory(dir)) {
+      for (auto& c : subdirectories(dir))
+        if (detail::valid_commit(c)) m.commits.push_back(c);
+      std::set<detail::InodeKey> seen;
+      m.size_bytes = detail::tree_bytes(dir, seen);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+Result<std::uint64_t> Store::remove_model(const std::string& name) {
+  if (!util::valid_model_name(name))
+    return make_error(Errc::bad_request, fmt::format("model name '{}' is not valid", name));
+  const auto store_root = models_dir_ / ".store";
+  struct stat st {};
+  if (::lstat(store_root.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return make_error(Errc::io_error, fmt::format("{}: not a directory; refusing to delete through it", store_root.string()));
+
+  const auto link = model_path(name);
+  if (::lstat(link.c_str(), &st) == 0) {
+    if (!S_ISLNK(st.st_mode))
+      return make_error(Errc::io_error,
+                        fmt::format("{}: not a link made by modeld; left alone, nothing deleted", link.string()));
+    if (::unlink(link.c_str()) != 0) return util::errno_error(errno, link, "remove link");
+  } else if (errno != ENOENT) {
+    return util::errno_error(errno, link, "stat");
+  }
+
+  const auto dir = store_root / name;
+  std::set<detail::InodeKey> seen;
+  std::uint64_t freed = is_real_directory(dir) ? detail::tree_bytes(dir, seen) : 0;
+  std::error_code ec;
+  // remove_all deletes a symlink itself, never what it points to.
+  fs::remove_all(dir, ec);
+  if (ec) return make_error(Errc::io_error, fmt::format("{}: remove: {}", dir.string(), ec.message()));
+  if (auto r = util::fsync_directory(models_dir_); !r) return r.error();
+  return freed;
+}
+
+Result<std::uint64_t> Store::remove_other_revisions(const std::string& name, const std::string& keep_commit) {
+  if (auto r = detail::check_names(name, keep_commit); !r) return r.error();
+  const auto store_root = models_dir_ / ".store";
+  const auto dir = store_root / name;
+  if (!is_real_directory(store_root) || !is_real_directory(dir)) return std::uint64_t{0};
+  // The revision the link points to is never deleted, even when the caller names another.
+  const auto linked = linked_commit(name);
+  // Files the kept revisions share by hard link are not freed by deleting the others.
+  std::set<detail::InodeKey> seen;
+  detail::collect_inodes(revision_dir(name, keep_commit), seen);
+  if (linked && *linked != keep_commit) detail::collect_inodes(revision_dir(name, *linked), seen);
+  std::uint64_t freed = 0;
+  for (const auto& c : subdirectories(dir)) {
+    if (c == keep_commit || (linked && c == *linked)) continue;
+    const auto rev = dir / c;
+    std::uint64_t bytes = detail::tree_bytes(rev, seen);
+    std::error_code ec;
+    fs::remove_all(rev, ec);
+    if (ec) return make_error(Errc::io_error, fmt::format("{}: remove: {}", rev.string(), ec.message()));
+    freed += bytes;
+  }
+  if (auto r = util::fsync_directory(dir); !r) return r.error();
+  return freed;
+}
+
+}  // namespace modeld::store

@@ -1,0 +1,297 @@
+// The systemd backend of ServiceManager: org.freedesktop.systemd1 over sd-bus.
+//
+// An sd_bus connection is not thread-safe and every call on it blocks until systemd answers, so
+// the connection lives on one private thread (a thread_pool of 1): it is opened, used and closed
+// only there. Each method posts its bus work to that thread with co_spawn and co_awaits the
+// result, which use_awaitable delivers back on the caller's executor; the event loop never waits
+// on systemd.
+
+#include "units/service_manager.hpp"
+
+#include "util/files.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+#include <systemd/sd-bus.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <stdexcept>
+#include <system_error>
+
+namespace modeld::units {
+
+namespace asio = boost::asio;
+
+std::string serve_unit(const std::string& model) { return "modeld-serve@" + model + ".service"; }
+
+namespace {
+
+constexpr const char* kDestination = "org.freedesktop.systemd1";
+constexpr const char* kManagerPath = "/org/freedesktop/systemd1";
+constexpr const char* kManager = "org.freedesktop.systemd1.Manager";
+constexpr const char* kUnit = "org.freedesktop.systemd1.Unit";
+constexpr const char* kService = "org.freedesktop.systemd1.Service";
+constexpr const char* kNoSuchUnit = "org.freedesktop.systemd1.NoSuchUnit";
+
+// Owners of libsystemd's C objects, so that every return path frees them.
+struct BusError {
+  sd_bus_error e = SD_BUS_ERROR_NULL;
+  BusError() = default;
+  BusError(const BusError&) = delete;
+  BusError& operator=(const BusError&) = delete;
+  ~BusError() { sd_bus_error_free(&e); }
+};
+struct Reply {
+  sd_bus_message* m = nullptr;
+  Reply() = default;
+  Reply(const Reply&) = delete;
+  Reply& operator=(const Reply&) = delete;
+  ~Reply() { sd_bus_message_unref(m); }
+};
+
+Error bus_error(const std::string& unit, std::string_view what, int r, const sd_bus_error& e) {
+  std::string why = e.message && *e.message ? e.message : std::strerror(-r);
+  return make_error(Errc::unit_failed, fmt::format("{}: {}: {}", unit, what, why));
+}
+
+// A Manager method taking the unit name (and, for jobs, the mode "replace"). When
+// `not_loaded_ok`, systemd's NoSuchUnit answer counts as success: there is nothing to stop or reset.
+Result<void> manager_unit_call(sd_bus* bus, const char* method, const std::string& unit, bool job,
+                               bool not_loaded_ok) {
+  BusError err;
+  Reply reply;
+  int r = job ? sd_bus_call_method(bus, kDestination, kManagerPath, kManager, method, &err.e, &reply.m,
+                                   "ss", unit.c_str(), "replace")
+              : sd_bus_call_method(bus, kDestination, kManagerPath, kManager, method, &err.e, &reply.m,
+                                   "s", unit.c_str());
+  if (r >= 0) return {};
+  if (not_loaded_ok && sd_bus_error_has_name(&err.e, kNoSuchUnit)) return {};
+  return bus_error(unit, method, r, err.e);
+}
+
+Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
+  std::string object;
+  {
+    // LoadUnit (unlike GetUnit) answers for units systemd has not loaded yet, with LoadState
+    // "not-found" when no unit file exists.
+    BusError err;
+    Reply reply;
+    int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "LoadUnit", &err.e, &reply.m,
+                               "s", unit.c_str());
+    if (r < 0) return bus_error(unit, "LoadUnit", r, err.e);
+    const char* path = nullptr;
+    r = sd_bus_message_read(reply.m, "o", &path);
+    if (r < 0) return bus_error(unit, "LoadUnit reply", r, err.e);
+    object = path;
+  }
+  auto get_string = [&](const char* iface, const char* name, std::string& out) -> Result<void> {
+    BusError err;
+    char* value = nullptr;
+    int r = sd_bus_get_property_string(bus, kDestination, object.c_str(), iface, name, &err.e, &value);
+    if (r < 0) return bus_error(unit, name, r, err.e);
+    out = value ? value : "";
+    std::free(value);
+    return {};
+  };
+  // The properties are read one call each, so they are not one atomic snapshot: a caller that
+  // waits for a state polls again anyway.
+  UnitStatus st;
+  std::string load_state;
+  if (auto r = get_string(kUnit, "LoadState", load_state); !r) return r.error();
+  st.loaded = load_state == "loaded";
+  if (auto r = get_string(kUnit, "ActiveState", st.active_state); !r) return r.error();
+  if (auto r = get_string(kUnit, "SubState", st.sub_state); !r) return r.error();
+  if (st.loaded && unit.ends_with(".service")) {
+    BusError err;
+    int r = sd_bus_get_property_trivial(bus, kDestination, object.c_str(), kService, "ExecMainPID",
+                                        &err.e, 'u', &st.main_pid);
+    if (r < 0) return bus_error(unit, "ExecMainPID", r, err.e);
+    BusError err2;
+    std::int32_t status = 0;
+    r = sd_bus_get_property_trivial(bus, kDestination, object.c_str(), kService, "ExecMainStatus",
+                                    &err2.e, 'i', &status);
+    if (r < 0) return bus_error(unit, "ExecMainStatus", r, err2.e);
+    st.exec_main_status = status;
+    if (auto rr = get_string(kService, "Result", st.result); !rr) return rr.error();
+  }
+  return st;
+}
+
+Result<std::vector<std::uint32_t>> unit_pids(sd_bus* bus, const std::string& unit) {
+  BusError err;
+  Reply reply;
+  int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "GetUnitProcesses", &err.e,
+                             &reply.m, "s", unit.c_str());
+  if (r < 0) {
+    if (sd_bus_error_has_name(&err.e, kNoSuchUnit)) return std::vector<std::uint32_t>{};
+    return bus_error(unit, "GetUnitProcesses", r, err.e);
+  }
+  std::vector<std::uint32_t> pids;
+  r = sd_bus_message_enter_container(reply.m, 'a', "(sus)");
+  if (r < 0) return bus_error(unit, "GetUnitProcesses reply", r, err.e);
+  for (;;) {
+    const char* cgroup = nullptr;
+    std::uint32_t pid = 0;
+    const char* cmdline = nullptr;
+    r = sd_bus_message_read(reply.m, "(sus)", &cgroup, &pid, &cmdline);
+    if (r < 0) return bus_error(unit, "GetUnitProcesses reply", r, err.e);
+    if (r == 0) break;
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+class SystemdManager final : public ServiceManager {
+ public:
+  SystemdManager(asio::any_io_executor executor, std::filesystem::path unit_dir)
+      : executor_(std::move(executor)), unit_dir_(std::move(unit_dir)) {
+    std::packaged_task<int()> open([this] { return sd_bus_open_system(&bus_); });
+    auto opened = open.get_future();
+    asio::post(pool_, std::move(open));
+    if (int r = opened.get(); r < 0)
+      throw std::runtime_error(fmt::format("cannot connect to the system bus: {}", std::strerror(-r)));
+  }
+
+  ~SystemdManager() override {
+    asio::post(pool_, [this] { bus_ = sd_bus_flush_close_unref(bus_); });
+    pool_.join();
+  }
+
+  SystemdManager(const SystemdManager&) = delete;
+  SystemdManager& operator=(const SystemdManager&) = delete;
+
+  asio::awaitable<Result<void>> start(const std::string& unit) override {
+    return on_bus<void>([unit](sd_bus* bus) { return manager_unit_call(bus, "StartUnit", unit, true, false); });
+  }
+
+  asio::awaitable<Result<void>> stop(const std::string& unit) override {
+    return on_bus<void>([unit](sd_bus* bus) { return manager_unit_call(bus, "StopUnit", unit, true, true); });
+  }
+
+  asio::awaitable<Result<UnitStatus>> status(const std::string& unit) override {
+    return on_bus<UnitStatus>([unit](sd_bus* bus) { return unit_status(bus, unit); });
+  }
+
+  asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string& unit) override {
+    return on_bus<std::vector<std::uint32_t>>([unit](sd_bus* bus) { return unit_pids(bus, unit); });
+  }
+
+  // A unit that is not loaded has no failed state to reset, hence NoSuchUnit is success.
+  asio::awaitable<Result<void>> reset_failed(const std::string& unit) override {
+    return on_bus<void>(
+        [unit](sd_bus* bus) { return manager_unit_call(bus, "ResetFailedUnit", unit, false, true); });
+  }
+
+  // systemd answers Reload only after it has re-read the unit files, so a StartUnit that follows
+  // sees the new drop-ins.
+  asio::awaitable<Result<void>> reload() override {
+    return on_bus<void>([](sd_bus* bus) -> Result<void> {
+      BusError err;
+      Reply reply;
+      int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "Reload", &err.e, &reply.m, "");
+      if (r < 0) return bus_error("systemd", "Reload", r, err.e);
+      return {};
+    });
+  }
+
+  Result<void> write_dropin(const std::string& unit, const std::string& name,
+                            const std::string& content) override {
+    return write_dropin_file(unit_dir_, unit, name, content);
+  }
+
+ private:
+  // Runs `work(bus)` on the bus thread and resumes the caller on its own executor with the result.
+  template <class T, class F>
+  asio::awaitable<Result<T>> on_bus(F work) {
+    co_return co_await asio::co_spawn(
+        pool_,
+        [this, work = std::move(work)]() -> asio::awaitable<Result<T>> {
+          if (auto r = ensure_open(); !r) co_return r.error();
+          co_return work(bus_);
+        },
+        asio::use_awaitable);
+  }
+
+  // systemd re-executing or the bus daemon restarting drops the connection; open a new one
+  // rather than failing every later call. Runs on the bus thread.
+  Result<void> ensure_open() {
+    if (bus_ && sd_bus_is_open(bus_) > 0) return {};
+    bus_ = sd_bus_flush_close_unref(bus_);
+    if (int r = sd_bus_open_system(&bus_); r < 0) {
+      bus_ = nullptr;
+      return make_error(Errc::unit_failed,
+                        fmt::format("cannot connect to the system bus: {}", std::strerror(-r)));
+    }
+    return {};
+  }
+
+  asio::any_io_executor executor_;  // the event loop this manager serves; results resume there
+  std::filesystem::path unit_dir_;
+  asio::thread_pool pool_{1};
+  sd_bus* bus_ = nullptr;  // touched only on pool_'s thread
+};
+
+}  // namespace
+
+Result<void> write_dropin_file(const std::filesystem::path& unit_dir, const std::string& unit,
+                               const std::string& name, const std::string& content) {
+  auto dir = unit_dir / (unit + ".d");
+  if (unit.empty() || name.empty() || unit.find('/') != std::string::npos ||
+      name.find('/') != std::string::npos || name == "." || name == "..")
+    return make_error(Errc::internal, fmt::format("{}: not a drop-in path", (dir / name).string()));
+  std::error_code ec;
+  if (std::filesystem::create_directories(dir, ec)) {
+    // create_directories applies the umask; systemd only needs to read, but people look here too.
+    using std::filesystem::perms;
+    std::filesystem::permissions(dir, perms::owner_all | perms::group_read | perms::group_exec |
+                                          perms::others_read | perms::others_exec, ec);
+  }
+  if (ec) return util::errno_error(ec.value(), dir, "create directory");
+  return util::write_file_atomically(dir / name, content, 0644);
+}
+
+std::unique_ptr<ServiceManager> make_systemd_manager(asio::any_io_executor executor,
+                                                     std::filesystem::path unit_dir) {
+  return std::make_unique<SystemdManager>(std::move(executor), std::move(unit_dir));
+}
+
+asio::awaitable<Result<void>> wait_inactive(ServiceManager& manager, std::string unit,
+                                            std::chrono::milliseconds timeout) {
+  using clock = std::chrono::steady_clock;
+  constexpr auto poll = std::chrono::milliseconds(200);
+  auto deadline = clock::now() + timeout;
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  // Cancellation is checked before every co_await: with the awaitable default
+  // (throw_if_cancelled), awaiting after a cancellation would throw instead of returning a value.
+  auto cancelled = [&]() -> Result<void> {
+    return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+  };
+  for (;;) {
+    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
+      co_return cancelled();
+    auto st = co_await manager.status(unit);
+    if (!st) co_return st.error();
+    if (st->active_state == "inactive" || st->active_state == "failed") co_return Result<void>{};
+    auto now = clock::now();
+    if (now >= deadline)
+      co_return make_error(Errc::stop_timeout,
+                           fmt::format("{} did not stop within {} ms (still {}/{})", unit,
+                                       timeout.count(), st->active_state, st->sub_state));
+    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
+      co_return cancelled();
+    timer.expires_after(std::min<clock::duration>(poll, deadline - now));
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::operation_aborted) co_return cancelled();
+  }
+}
+
+}  // namespace modeld::units

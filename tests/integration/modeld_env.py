@@ -1,0 +1,234 @@
+"""A whole modeld installation for tests and the demo, on this machine, talking only to loopback.
+
+ModeldEnv puts together:
+  * the bundled Hub (tests/fixtures/hub_server.py) serving generated checkpoints,
+  * a real systemd booted in a private PID and mount namespace (nsystemd.NamespacedSystemd,
+    exactly as ../shared/docs/real-systemd-in-tests.md says),
+  * the project's units from systemd/, installed as runtime units inside that systemd, with a
+    drop-in that points modeld.service at the built binary and a test configuration,
+  * modeld running as that unit, and modelctl run from the host against its socket.
+
+Models, state and the socket live in a temporary folder on the host's file system, which units
+inside the namespace see too, so the test can compare files and talk to the socket directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE_DIR = Path(os.environ.get("MODELD_SOURCE_DIR", HERE.parent.parent)).resolve()
+BUILD_DIR = Path(os.environ.get("MODELD_BUILD_DIR", SOURCE_DIR / "build")).resolve()
+FIXTURES = SOURCE_DIR / "tests" / "fixtures"
+PYTHON = "/usr/bin/python3"
+
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(FIXTURES))
+
+from nsystemd import NamespacedSystemd  # noqa: E402
+import make_checkpoint  # noqa: E402
+
+
+def wait_for(what: str, predicate, timeout: float = 30.0, interval: float = 0.05):
+    """Polls predicate() until it returns a truthy value, or raises TimeoutError naming `what`."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - remembered for the error message
+            last_exc = e
+        time.sleep(interval)  # polling interval of a condition wait, not a fixed wait
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Hub:
+    """The bundled Hub fixture serving repositories from a folder."""
+
+    def __init__(self, repos: Path, workdir: Path, extra_args: list[str] | None = None):
+        self.repos = repos
+        self.ready_file = workdir / "hub-ready.json"
+        self.request_log = workdir / "hub-requests.jsonl"
+        self.log = open(workdir / "hub.log", "wb")
+        self.proc = subprocess.Popen(
+            [PYTHON, str(FIXTURES / "hub_server.py"), "--repos", str(repos), "--ready-file", str(self.ready_file),
+             "--request-log", str(self.request_log), *(extra_args or [])],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        ports = wait_for("the hub's ready file", self._ports, timeout=120)
+        self.port, self.cdn_port = ports["hub_port"], ports["cdn_port"]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def _ports(self):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"hub exited with {self.proc.returncode}")
+        if self.ready_file.exists():
+            return json.loads(self.ready_file.read_text())
+        return None
+
+    def requests(self) -> list[dict]:
+        if not self.request_log.exists():
+            return []
+        return [json.loads(line) for line in self.request_log.read_text().splitlines() if line.strip()]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def model_table(name: str, repo: str, port: int, *, load_seconds: float = 0.0, extra_serve: str = "",
+                extra: str = "", serve_args: list[str] | None = None) -> str:
+    """The TOML of one model served by the stand-in inference server (fake_vllm.py)."""
+    command = [PYTHON, str(FIXTURES / "fake_vllm.py"), "serve", "{model_dir}", "--served-model-name",
+               "{served_name}", "--port", "{port}", "--load-seconds", str(load_seconds), *(serve_args or [])]
+    return f"""
+[models.{name}]
+repo = "{repo}"
+revision = "main"
+{extra}
+[models.{name}.serve]
+command = {json.dumps(command)}
+port = {port}
+startup_timeout = "120s"
+stop_timeout = "30s"
+{extra_serve}
+"""
+
+
+class ModeldEnv:
+    """modeld under a namespaced systemd with the bundled hub; use as a context manager."""
+
+    def __init__(self, workdir: Path | None = None, models: dict[str, dict] | None = None,
+                 hub_args: list[str] | None = None, config_extra: str = "", keep: bool = False):
+        self.own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="modeld-test-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.repos = self.workdir / "repos"
+        self.models_dir = self.workdir / "models"
+        self.state_dir = self.workdir / "state"
+        self.socket = self.workdir / "modeld.sock"
+        self.config = self.workdir / "modeld.toml"
+        self.models = models or {}
+        self.hub_args = hub_args or []
+        self.config_extra = config_extra
+        self.keep = keep
+        self.hub: Hub | None = None
+        self.systemd: NamespacedSystemd | None = None
+        self.modeld = BUILD_DIR / "modeld"
+        self.modelctl_bin = BUILD_DIR / "modelctl"
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def add_repo(self, repo: str, *, shards: int = 3, shard_size: int = 256 * 1024, seed: int = 0) -> Path:
+        """Generates a checkpoint as repository `repo` (ORG/NAME) of the hub."""
+        out = self.repos / repo
+        make_checkpoint.make_checkpoint(str(out), shards, shard_size, seed)
+        return out
+
+    def write_config(self, model_tables: str):
+        self.config.write_text(f"""
+[daemon]
+models_dir = "{self.models_dir}"
+state_dir = "{self.state_dir}"
+socket = "{self.socket}"
+unit_dir = "/run/systemd/system"
+disk_reserve = "0"
+
+[control]
+group = "root"
+
+[hub]
+endpoint = "{self.hub.endpoint}"
+parallel_files = 4
+{self.config_extra}
+{model_tables}
+""")
+
+    def start(self, model_tables: str):
+        self.repos.mkdir(parents=True, exist_ok=True)
+        self.hub = Hub(self.repos, self.workdir, self.hub_args)
+        self.write_config(model_tables)
+        check = subprocess.run([str(self.modeld), "--check-config", "--config", str(self.config)],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"test configuration is invalid:\n{check.stderr}")
+        self.systemd = NamespacedSystemd(log_path=self.workdir / "systemd.log")
+        self.systemd.start()
+        self.install_units()
+        self.systemd.run(["systemctl", "start", "modeld.service"])
+        wait_for("modeld's control socket", lambda: self.modelctl("status").returncode == 0, timeout=60)
+        return self
+
+    def install_units(self):
+        """Installs systemd/*.service as runtime units, plus a drop-in pointing modeld at this build."""
+        sd = self.systemd
+        for unit in ("modeld.service", "modeld-serve@.service"):
+            sd.run(["cp", str(SOURCE_DIR / "systemd" / unit), f"/run/systemd/system/{unit}"])
+        dropin = self.workdir / "modeld-test.conf"
+        dropin.write_text(f"""[Service]
+ExecStart=
+ExecStart={self.modeld} --config {self.config}
+Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+""")
+        sd.run(["mkdir", "-p", "/run/systemd/system/modeld.service.d"])
+        sd.run(["cp", str(dropin), "/run/systemd/system/modeld.service.d/50-test.conf"])
+        sd.run(["systemctl", "daemon-reload"])
+
+    # -- use ----------------------------------------------------------------------------------
+
+    def modelctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def status(self) -> dict:
+        r = self.modelctl("--json", "status")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def journal(self, *match: str) -> list[dict]:
+        """Journal entries of the namespaced systemd as dicts (journalctl -o json), oldest first."""
+        out = self.systemd.run(["journalctl", "--no-pager", "-o", "json", *match], check=False).stdout
+        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    def unit_state(self, unit: str) -> str:
+        return self.systemd.run(["systemctl", "show", "-p", "ActiveState", "--value", unit], check=False).stdout.strip()
+
+    # -- tear-down ----------------------------------------------------------------------------
+
+    def stop(self):
+        try:
+            if self.systemd:
+                self.systemd.stop()
+        finally:
+            if self.hub:
+                self.hub.stop()
+            if self.own_workdir and not self.keep:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,123 @@
+"""End to end: modeld as a unit of a real (namespaced) systemd deploys model A, then model B,
+from the bundled hub, with the stand-in inference server; then refuses bad requests."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from modeld_env import ModeldEnv, free_port, model_table, wait_for
+from nsystemd import skip_reason
+
+PHASES = ["planning", "freeing_disk", "downloading", "verifying", "stopping_old", "launching",
+          "health_checking", "benchmarking"]
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    e = ModeldEnv(workdir=tmp_path_factory.mktemp("e2e"))
+    e.add_repo("acme/model-a", shards=3, shard_size=300_000, seed=1)
+    e.add_repo("acme/model-b", shards=4, shard_size=400_000, seed=2)
+    e.add_repo("acme/slow", shards=2, shard_size=100_000, seed=3)
+    e.ports = {"model-a": free_port(), "model-b": free_port(), "slow": free_port()}
+    tables = (model_table("model-a", "acme/model-a", e.ports["model-a"])
+              + model_table("model-b", "acme/model-b", e.ports["model-b"])
+              + model_table("slow", "acme/slow", e.ports["slow"], load_seconds=30))
+    try:
+        e.start(tables)
+        yield e
+    finally:
+        e.stop()
+
+
+def completion(port: int, model: str) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def files_of(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if p.is_file() and ".modeld" not in p.parts and ".hub" not in p.parts)
+
+
+def test_deploying_a_first_model_makes_it_active_and_answering(env):
+    r = env.modelctl("deploy", "model-a", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = env.status()
+    assert st["active"]["model"] == "model-a"
+    assert st["deployment"]["state"] == "succeeded"
+    assert env.unit_state("modeld-serve@model-a.service") == "active"
+    assert completion(env.ports["model-a"], "model-a")["choices"][0]["text"]
+
+
+def test_deploying_a_second_model_replaces_the_first(env):
+    r = env.modelctl("deploy", "model-b", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = env.status()
+    assert st["active"]["model"] == "model-b"
+    assert st["active"]["unit"] == "modeld-serve@model-b.service"
+    dep = st["deployment"]
+    assert dep["state"] == "succeeded" and dep["model"] == "model-b"
+    assert len(dep["commit"]) == 40
+    assert dep["progress"]["bytes_done"] == dep["progress"]["bytes_total"] > 0
+
+    # A's unit is stopped before B's starts.
+    assert env.unit_state("modeld-serve@model-a.service") in ("inactive", "failed")
+    assert env.unit_state("modeld-serve@model-b.service") == "active"
+    entries = env.journal("-u", "modeld-serve@model-a.service", "-u", "modeld-serve@model-b.service")
+    def when(unit, text):
+        for e in entries:
+            if e.get("UNIT") == unit and text in e.get("MESSAGE", ""):
+                return int(e["__REALTIME_TIMESTAMP"]), int(e["__MONOTONIC_TIMESTAMP"])
+        raise AssertionError(f"no journal line '{text}' for {unit}")
+    a_stopped = when("modeld-serve@model-a.service", "Stopped")
+    b_started = when("modeld-serve@model-b.service", "Start")
+    assert a_stopped[1] < b_started[1]
+
+    # B's files are byte-identical to the hub's.
+    served = env.models_dir / "model-b"
+    repo = env.repos / "acme" / "model-b"
+    assert files_of(served) == files_of(repo)
+    for name in files_of(repo):
+        assert filecmp.cmp(served / name, repo / name, shallow=False), name
+
+    # B answers a completion.
+    assert completion(env.ports["model-b"], "model-b")["choices"][0]["text"]
+
+    # Every phase wrote a journal line with MODELD_PHASE for this deployment.
+    lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep['id']}")
+    phases = {e.get("MODELD_PHASE") for e in lines}
+    missing = [p for p in PHASES if p not in phases]
+    assert not missing, f"no journal line for phases {missing}"
+    terminal = [e for e in lines if e.get("MODELD_STATE")]
+    assert terminal and terminal[-1]["MODELD_STATE"] == "succeeded"
+
+
+def test_an_unknown_model_is_refused_with_404(env):
+    r = env.modelctl("deploy", "no-such-model")
+    assert r.returncode == 2
+    assert "no-such-model" in (r.stdout + r.stderr)
+    raw = env.modelctl("--json", "deploy", "no-such-model")
+    assert raw.returncode == 2
+
+
+def test_a_deploy_while_one_runs_is_refused_with_409(env):
+    first = env.modelctl("deploy", "slow")
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = env.modelctl("deploy", "model-a")
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert "running" in (second.stdout + second.stderr)
+    # Leave the host as it was: cancel the slow deployment and wait for its end.
+    env.modelctl("cancel")
+    wait_for("the slow deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
+    assert env.status()["deployment"]["state"] in ("cancelled", "rolled_back")
+    assert env.status()["active"]["model"] == "model-b"

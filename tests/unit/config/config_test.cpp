@@ -1,0 +1,471 @@
+#include "config/config.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+using namespace modeld::config;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh folder under $TMPDIR holding one test's configuration files; removed afterwards.
+struct TempDir {
+  fs::path path;
+
+  TempDir() {
+    std::string templ = (fs::temp_directory_path() / "modeld-config-test-XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  // Writes `text` to `relative` (creating folders) and returns the full path.
+  fs::path write(const fs::path& relative, std::string_view text) const {
+    fs::path p = path / relative;
+    fs::create_directories(p.parent_path());
+    std::ofstream out(p, std::ios::binary);
+    out << text;
+    if (!out) throw std::runtime_error("cannot write " + p.string());
+    return p;
+  }
+};
+
+// The smallest valid model, as a models.d file or part of the main file.
+constexpr std::string_view kMinimalModel = R"([models.m]
+repo = "org/m"
+
+[models.m.serve]
+command = ["server", "{model_dir}"]
+)";
+
+// The first problem whose message contains `needle`, or nullptr.
+const Problem* find_problem(const LoadResult& r, std::string_view needle) {
+  for (const Problem& p : r.problems)
+    if (p.message.find(needle) != std::string::npos) return &p;
+  return nullptr;
+}
+
+// All problems, one per line, for failure messages.
+std::string dump(const LoadResult& r) {
+  std::string s;
+  for (const Problem& p : r.problems) s += p.to_string() + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the shipped example configuration loads with no problems") {
+  fs::path main = fs::path(MODELD_SOURCE_DIR) / "config" / "modeld.toml";
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.empty());
+  REQUIRE(r.config);
+  const Config& c = *r.config;
+  CHECK(c.daemon.models_dir == "/var/lib/modeld/models");
+  CHECK(c.daemon.disk_reserve == 20ull << 30);
+  CHECK(c.hub.endpoint == "https://huggingface.co");
+  CHECK(c.hub.parallel_files == 8);
+
+  const ModelConfig* kimi = c.find_model("kimi-k2-5");
+  REQUIRE(kimi != nullptr);
+  CHECK(kimi->repo == "moonshotai/Kimi-K2.5");
+  CHECK(kimi->serve.served_name == "kimi-k2.5");
+  CHECK(kimi->serve.port == 8000);
+  CHECK(kimi->serve.startup_timeout == 60min);
+  CHECK(kimi->serve.stop_timeout == 5min);
+  CHECK(kimi->serve.command.front() == "vllm");
+  CHECK(kimi->source_file.filename() == "kimi-k2-5.toml");
+  CHECK(c.find_model("nope") == nullptr);
+}
+
+TEST_CASE("a misspelt key is reported with its position and the closest known key") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[hub]\nparallel_files = 4\n  paralel_files = 4\n");
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  const Problem& p = r.problems[0];
+  CHECK(p.file == main);
+  CHECK(p.line == 3);
+  CHECK(p.column == 3);
+  CHECK(p.message == "unknown key 'paralel_files' in [hub]; did you mean 'parallel_files'?");
+  CHECK(p.to_string() == main.string() + ":3:3: unknown key 'paralel_files' in [hub]; did you mean "
+                                         "'parallel_files'?");
+  CHECK_FALSE(r.config);
+}
+
+TEST_CASE("unknown keys are refused in every table, with a suggestion only when one is close") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", R"(deamon = 1
+[metrics]
+colour = "blue"
+[models.m]
+repo = "org/m"
+[models.m.serve]
+command = ["x"]
+prot = 8001
+[models.m.health]
+watch_failure = 2
+[models.m.benchmark]
+enable = true
+)");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  CHECK(find_problem(r, "unknown key 'deamon' in the top-level table; did you mean 'daemon'?"));
+  const Problem* colour = find_problem(r, "unknown key 'colour' in [metrics]");
+  REQUIRE(colour);
+  CHECK(colour->message.find("did you mean") == std::string::npos);
+  CHECK(find_problem(r, "unknown key 'prot' in [models.m.serve]; did you mean 'port'?"));
+  CHECK(find_problem(r, "unknown key 'watch_failure' in [models.m.health]; did you mean 'watch_failures'?"));
+  CHECK(find_problem(r, "unknown key 'enable' in [models.m.benchmark]; did you mean 'enabled'?"));
+  CHECK(r.problems.size() == 5);
+}
+
+TEST_CASE("a value of the wrong type names the key and both types") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", R"([daemon]
+socket = 5
+[hub]
+parallel_files = "eight"
+[models.m]
+repo = "org/m"
+pinned = "yes"
+include = ["*.json", 3]
+[models.m.serve]
+command = "server --port 8000"
+)");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  const Problem* socket = find_problem(r, "expected a string for daemon.socket, got integer");
+  REQUIRE(socket);
+  CHECK(socket->line == 2);
+  CHECK(socket->column == 10);
+  CHECK(find_problem(r, "expected an integer for hub.parallel_files, got string"));
+  CHECK(find_problem(r, "expected a boolean (true or false) for models.m.pinned, got string"));
+  CHECK(find_problem(r, "expected a string for models.m.include[1], got integer"));
+  CHECK(find_problem(r, "expected an array of strings for models.m.serve.command, got string"));
+}
+
+TEST_CASE("sizes are strings with units or integer byte counts, and bad ones are refused") {
+  TempDir dir;
+  SECTION("an integer is a byte count") {
+    fs::path main = dir.write("modeld.toml", "[daemon]\ndisk_reserve = 1048576\n[hub]\nmax_bytes_per_s = \"500MB\"\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->daemon.disk_reserve == 1048576u);
+    CHECK(r.config->hub.max_bytes_per_s == 500'000'000u);
+  }
+  SECTION("an unknown unit is a problem at the value") {
+    fs::path main = dir.write("modeld.toml", "[daemon]\ndisk_reserve = \"20 parsecs\"\n");
+    LoadResult r = load(main, Environment{});
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].line == 2);
+    CHECK(r.problems[0].message.find("bad size \"20 parsecs\" for daemon.disk_reserve") == 0);
+  }
+  SECTION("a negative byte count is a problem") {
+    fs::path main = dir.write("modeld.toml", "[daemon]\ndisk_reserve = -1\n");
+    LoadResult r = load(main, Environment{});
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].message == "daemon.disk_reserve must not be negative, got -1");
+  }
+}
+
+TEST_CASE("a bad duration names the key and the text") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", std::string(kMinimalModel) + "startup_timeout = \"5 fortnights\"\n"
+                                                               "stop_timeout = 300\n");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  const Problem* bad = find_problem(r, "bad duration \"5 fortnights\" for models.m.serve.startup_timeout");
+  REQUIRE(bad);
+  CHECK(bad->line == 6);
+  CHECK(find_problem(r, "expected a duration string (\"90s\", \"60m\", \"2h\") for models.m.serve.stop_timeout, "
+                        "got integer"));
+  CHECK(r.problems.size() == 2);
+}
+
+TEST_CASE("an invalid model name is refused at its key") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[models.Kimi]\nrepo = \"org/m\"\n");
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].line == 1);
+  CHECK(r.problems[0].message.find("invalid model name 'Kimi' in [models]") == 0);
+}
+
+TEST_CASE("a dotted model name written without quotes gets a hint to quote it") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[models.kimi-k2.5]\nrepo = \"org/m\"\n");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.size() == 1);  // not also "kimi-k2 has no repo"
+  CHECK(r.problems[0].message == "unknown key '5' in [models.kimi-k2]; a model name containing '.' must be "
+                                 "quoted: [models.\"kimi-k2.5\"]");
+}
+
+TEST_CASE("a quoted model name may contain a dot") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", R"([models."kimi-k2.5"]
+repo = "org/m"
+[models."kimi-k2.5".serve]
+command = ["x"]
+)");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.config);
+  REQUIRE(r.config->find_model("kimi-k2.5"));
+  CHECK(r.config->find_model("kimi-k2.5")->serve.served_name == "kimi-k2.5");
+}
+
+TEST_CASE("a model without repo, serve table or command is refused") {
+  TempDir dir;
+  SECTION("no repo and no serve table") {
+    fs::path main = dir.write("modeld.toml", "[models.m]\npinned = true\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    const Problem* repo = find_problem(r, "missing required key 'repo' in [models.m]");
+    REQUIRE(repo);
+    CHECK(repo->line == 1);
+    CHECK(find_problem(r, "missing required table [models.m.serve]"));
+    CHECK(r.problems.size() == 2);
+  }
+  SECTION("a serve table without command") {
+    fs::path main = dir.write("modeld.toml", "[models.m]\nrepo = \"org/m\"\n[models.m.serve]\nport = 8000\n");
+    LoadResult r = load(main, Environment{});
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].message == "missing required key 'command' in [models.m.serve]");
+    CHECK(r.problems[0].line == 3);
+  }
+  SECTION("an empty command") {
+    fs::path main = dir.write("modeld.toml", "[models.m]\nrepo = \"org/m\"\n[models.m.serve]\ncommand = []\n");
+    LoadResult r = load(main, Environment{});
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].message == "models.m.serve.command must not be empty");
+  }
+}
+
+TEST_CASE("values out of range are refused") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", R"([hub]
+parallel_files = 65
+endpoint = "ftp://mirror.example"
+token_file = "hf-token"
+[daemon]
+models_dir = "models"
+[metrics]
+listen = "localhost"
+[models.m]
+repo = "just-a-name"
+[models.m.serve]
+command = ["x"]
+port = 0
+environment = { NCCL_DEBUG = 1 }
+[models.m.health]
+path = "health"
+watch_failures = 0
+)");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  CHECK(find_problem(r, "hub.parallel_files must be between 1 and 64, got 65"));
+  CHECK(find_problem(r, "hub.endpoint must be an http:// or https:// URL, got \"ftp://mirror.example\""));
+  CHECK(find_problem(r, "hub.token_file must be an absolute path, got \"hf-token\""));
+  CHECK(find_problem(r, "daemon.models_dir must be an absolute path, got \"models\""));
+  CHECK(find_problem(r, "metrics.listen must be \"HOST:PORT\""));
+  CHECK(find_problem(r, "models.m.repo must look like \"org/name\""));
+  CHECK(find_problem(r, "models.m.serve.port must be between 1 and 65535, got 0"));
+  CHECK(find_problem(r, "expected a string for models.m.serve.environment.NCCL_DEBUG, got integer"));
+  CHECK(find_problem(r, "models.m.health.path must be an HTTP path starting with '/'"));
+  CHECK(find_problem(r, "models.m.health.watch_failures must be between 1 and 1000, got 0"));
+  CHECK(r.problems.size() == 10);
+}
+
+TEST_CASE("every problem is reported at once, in the order of the file") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", R"([daemon]
+socket = 1
+state_dir = "relative"
+[hub]
+paralel_files = 2
+[models.BAD]
+repo = "org/m"
+)");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.size() == 4);
+  CHECK(r.problems[0].line == 2);
+  CHECK(r.problems[1].line == 3);
+  CHECK(r.problems[2].line == 5);
+  CHECK(r.problems[3].line == 6);
+  CHECK_FALSE(r.config);
+}
+
+TEST_CASE("a TOML syntax error is a problem at its position") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[daemon]\nsocket = \"/run/x.sock\n");
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].file == main);
+  CHECK(r.problems[0].line == 2);
+  CHECK(r.problems[0].column > 0);
+}
+
+TEST_CASE("a missing main file is a problem without a position") {
+  TempDir dir;
+  fs::path main = dir.path / "absent.toml";
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].line == 0);
+  CHECK(r.problems[0].to_string() == main.string() + ": cannot read: no such file");
+  CHECK_FALSE(r.config);
+}
+
+TEST_CASE("models.d files add models, are read in name order, and other files there are ignored") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[control]\ngroup = \"ops\"\n");
+  dir.write("models.d/b.toml", "[models.bbb]\nrepo = \"org/b\"\n[models.bbb.serve]\ncommand = [\"x\"]\n");
+  dir.write("models.d/a.toml", "[models.aaa]\nrepo = \"org/a\"\n[models.aaa.serve]\ncommand = [\"x\"]\n");
+  dir.write("models.d/README", "not toml [at all\n");
+  dir.write("models.d/c.toml.disabled", "[daemon]\n");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.config);
+  CHECK(r.config->control.group == "ops");
+  REQUIRE(r.config->models.size() == 2);
+  CHECK(r.config->find_model("aaa")->source_file == dir.path / "models.d" / "a.toml");
+  CHECK(r.config->find_model("bbb")->source_file == dir.path / "models.d" / "b.toml");
+}
+
+TEST_CASE("a model defined in two files is a problem naming both files") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", kMinimalModel);
+  fs::path second = dir.write("models.d/m.toml", kMinimalModel);
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  const Problem& p = r.problems[0];
+  CHECK(p.file == second);
+  CHECK(p.line == 1);
+  CHECK(p.message == "model 'm' is defined twice: in " + main.string() + " and in " + second.string());
+}
+
+TEST_CASE("a models.d file holding anything but model tables is refused") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "");
+  fs::path extra = dir.write("models.d/extra.toml", std::string(kMinimalModel) + "[hub]\nparallel_files = 2\n");
+  dir.write("models.d/key.toml", "stray = 1\n");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.size() == 2);
+  CHECK(r.problems[0].file == extra);
+  CHECK(r.problems[0].line == 6);
+  CHECK(r.problems[0].message.find("'hub' is not allowed in a models.d file") == 0);
+  CHECK(r.problems[1].file == dir.path / "models.d" / "key.toml");
+  CHECK(r.problems[1].message.find("'stray' is not allowed in a models.d file") == 0);
+}
+
+TEST_CASE("the environment's Hub endpoint is used only when the file sets none") {
+  TempDir dir;
+  Environment env;
+  env.hf_endpoint = "http://mirror.internal:8080/";
+  SECTION("absent key: the environment wins over the default, without its trailing slash") {
+    fs::path main = dir.write("modeld.toml", "[hub]\nparallel_files = 2\n");
+    LoadResult r = load(main, env);
+    REQUIRE(r.config);
+    CHECK(r.config->hub.endpoint == "http://mirror.internal:8080");
+    CHECK(load(main, Environment{}).config->hub.endpoint == "https://huggingface.co");
+  }
+  SECTION("explicit key: the file wins over the environment") {
+    fs::path main = dir.write("modeld.toml", "[hub]\nendpoint = \"https://hub.example\"\n");
+    LoadResult r = load(main, env);
+    REQUIRE(r.config);
+    CHECK(r.config->hub.endpoint == "https://hub.example");
+  }
+  SECTION("a malformed environment value is a problem when it would be used") {
+    fs::path main = dir.write("modeld.toml", "");
+    env.hf_endpoint = "mirror.internal";
+    LoadResult r = load(main, env);
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].line == 0);
+    CHECK(r.problems[0].message.find("$HF_ENDPOINT must be an http:// or https:// URL") == 0);
+  }
+}
+
+TEST_CASE("environment_from_process reads HF_ENDPOINT and treats an empty one as unset") {
+  const char* saved = std::getenv("HF_ENDPOINT");
+  std::string saved_value = saved ? saved : "";
+  ::setenv("HF_ENDPOINT", "https://mirror.example", 1);
+  CHECK(environment_from_process().hf_endpoint == std::optional<std::string>("https://mirror.example"));
+  ::setenv("HF_ENDPOINT", "", 1);
+  CHECK_FALSE(environment_from_process().hf_endpoint);
+  if (saved)
+    ::setenv("HF_ENDPOINT", saved_value.c_str(), 1);
+  else
+    ::unsetenv("HF_ENDPOINT");
+}
+
+TEST_CASE("defaults fill every key the files leave out") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", kMinimalModel);
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.config);
+  const Config& c = *r.config;
+  CHECK(c.file == main);
+  CHECK(c.daemon.state_dir == "/var/lib/modeld/state");
+  CHECK(c.daemon.socket == "/run/modeld/modeld.sock");
+  CHECK(c.daemon.unit_dir == "/run/systemd/system");
+  CHECK(c.control.group == "modeld");
+  CHECK(c.hub.token_file.empty());
+  CHECK(c.hub.max_bytes_per_s == 0u);
+  CHECK(c.metrics.listen.empty());
+  const ModelConfig& m = *c.find_model("m");
+  CHECK(m.revision == "main");
+  CHECK(m.include.empty());
+  CHECK_FALSE(m.pinned);
+  CHECK(m.serve.served_name == "m");
+  CHECK(m.serve.port == 8000);
+  CHECK(m.serve.startup_timeout == 60min);
+  CHECK(m.serve.stop_timeout == 5min);
+  CHECK(m.health.path == "/health");
+  CHECK(m.health.models_path == "/v1/models");
+  CHECK(m.health.completion);
+  CHECK(m.health.stall_timeout == 10min);
+  CHECK(m.health.watch_interval == 30s);
+  CHECK(m.health.watch_failures == 3u);
+  CHECK_FALSE(m.benchmark.enabled);
+  CHECK(m.benchmark.max_tokens == 256u);
+  CHECK(m.source_file == main);
+}
+
+TEST_CASE("expand_command fills placeholders anywhere inside each argument") {
+  ModelConfig m;
+  m.name = "kimi-k2-5";
+  m.serve.served_name = "kimi-k2.5";
+  m.serve.port = 8123;
+  m.serve.command = {"vllm",       "serve",           "{model_dir}",     "--port={port}",
+                     "{name}-{served_name}", "{unknown}", "{port", "{{port}}"};
+  auto argv = expand_command(m, "/models/{name}");
+  REQUIRE(argv.size() == 8);
+  CHECK(argv[0] == "vllm");
+  CHECK(argv[2] == "/models/{name}");  // substituted text is not expanded again
+  CHECK(argv[3] == "--port=8123");
+  CHECK(argv[4] == "kimi-k2-5-kimi-k2.5");
+  CHECK(argv[5] == "{unknown}");
+  CHECK(argv[6] == "{port");
+  CHECK(argv[7] == "{8123}");
+}
+
+TEST_CASE("problems print as FILE:LINE:COL: message") {
+  Problem p{"/etc/modeld/modeld.toml", 12, 5, "unknown key 'x' in [hub]"};
+  CHECK(p.to_string() == "/etc/modeld/modeld.toml:12:5: unknown key 'x' in [hub]");
+}

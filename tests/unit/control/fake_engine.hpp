@@ -1,0 +1,98 @@
+#pragma once
+// A deploy::Engine that keeps everything in memory, for the control plane's tests.
+
+#include "deploy/engine.hpp"
+
+#include <atomic>
+#include <map>
+#include <set>
+
+namespace modeld::control::test {
+
+inline deploy::Deployment make_deployment(std::string id, std::string model, deploy::State state,
+                                          deploy::Phase phase = deploy::Phase::planning) {
+  deploy::Deployment d;
+  d.id = std::move(id);
+  d.model = std::move(model);
+  d.state = state;
+  d.phase = phase;
+  d.started_at = "2026-11-29T19:39:42Z";
+  if (state != deploy::State::running) d.finished_at = "2026-11-29T20:00:00Z";
+  return d;
+}
+
+class FakeEngine : public deploy::Engine {
+ public:
+  std::optional<deploy::Active> active_model;
+  std::vector<deploy::Deployment> deployments;  // newest first
+  std::vector<deploy::ModelInfo> configured;
+  std::set<std::string> known{"llama", "kimi-k2-5"};
+  std::map<std::uint64_t, std::function<void(const deploy::Event&)>> listeners;
+  std::atomic<std::size_t> listener_count{0};
+  int starts = 0;
+  int cancels = 0;
+
+  std::optional<deploy::Active> active() const override { return active_model; }
+  std::optional<deploy::Deployment> current() const override {
+    if (deployments.empty()) return std::nullopt;
+    return deployments.front();
+  }
+  std::vector<deploy::Deployment> history(std::size_t limit) const override {
+    std::vector<deploy::Deployment> out;
+    for (const auto& d : deployments) {
+      if (out.size() >= limit) break;
+      out.push_back(d);
+    }
+    return out;
+  }
+  Result<deploy::Deployment> get(const std::string& id) const override {
+    for (const auto& d : deployments)
+      if (d.id == id) return d;
+    return make_error(Errc::not_found, "no deployment " + id);
+  }
+  Result<deploy::Deployment> start(const std::string& model, bool allow_downtime) override {
+    ++starts;
+    if (!known.count(model)) return make_error(Errc::unknown_model, "no model named " + model);
+    if (!deployments.empty() && !deployments.front().ended())
+      return make_error(Errc::deployment_running,
+                        "deployment " + deployments.front().id + " is running");
+    auto d = make_deployment("20261129T19394" + std::to_string(deployments.size()) + "Z-" + model,
+                             model, deploy::State::running);
+    d.allow_downtime = allow_downtime;
+    deployments.insert(deployments.begin(), d);
+    return d;
+  }
+  Result<deploy::Deployment> cancel(const std::string& id) override {
+    ++cancels;
+    for (auto& d : deployments) {
+      if (d.id != id) continue;
+      if (d.ended()) return make_error(Errc::deployment_ended, "deployment " + id + " has ended");
+      d.cancel_requested = true;
+      return d;
+    }
+    return make_error(Errc::not_found, "no deployment " + id);
+  }
+  std::vector<deploy::ModelInfo> models() const override { return configured; }
+  std::uint64_t subscribe(std::function<void(const deploy::Event&)> listener) override {
+    auto token = next_token++;
+    listeners.emplace(token, std::move(listener));
+    listener_count = listeners.size();
+    return token;
+  }
+  void unsubscribe(std::uint64_t token) override {
+    listeners.erase(token);
+    listener_count = listeners.size();
+  }
+  double uptime_s() const override { return 12.5; }
+
+  /// Sends `e` to every listener (call on the io thread).
+  void emit(const deploy::Event& e) {
+    auto copy = listeners;  // a listener may unsubscribe
+    for (auto& [token, fn] : copy) fn(e);
+  }
+
+ private:
+  std::uint64_t next_token = 1;
+};
+
+}  // namespace modeld::control::test

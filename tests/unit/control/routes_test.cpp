@@ -1,0 +1,307 @@
+// The control API's routes, answered by handle() against a fake engine, without sockets.
+
+#include "control/routes.hpp"
+#include "unit/control/fake_engine.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using namespace modeld;
+using namespace modeld::control;
+using control::test::FakeEngine;
+using control::test::make_deployment;
+using nlohmann::json;
+
+namespace {
+
+const Peer root{0, 0, 1};
+const Peer member{1000, 1000, 4242};
+const Peer stranger{1001, 1001, 4343};
+
+// Members are uid 1000 only; records who was asked about.
+struct Members {
+  std::vector<std::pair<uid_t, std::string>> asked;
+  Access access() {
+    Access a;
+    a.group = "modeld";
+    a.is_member = [this](const Peer& p, const std::string& g) {
+      asked.emplace_back(p.uid, g);
+      return p.uid == 1000;
+    };
+    return a;
+  }
+};
+
+Response call(FakeEngine& e, std::string method, std::string target, std::string body = {},
+              const Peer& peer = member) {
+  Members m;
+  return handle(Request{std::move(method), std::move(target), std::move(body)}, peer, e, m.access());
+}
+
+json body_of(const Response& r) {
+  REQUIRE(r.content_type == "application/json");
+  return json::parse(r.body);
+}
+
+void require_error(const Response& r, unsigned status, std::string_view code) {
+  CHECK(r.status == status);
+  auto j = body_of(r);
+  REQUIRE(j.contains("error"));
+  CHECK(j["error"]["code"] == code);
+  CHECK(j["error"]["message"].is_string());
+  CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+}
+
+}  // namespace
+
+TEST_CASE("status reports the daemon and nulls when nothing is active or was deployed") {
+  FakeEngine e;
+  auto r = call(e, "GET", "/v1/status");
+  REQUIRE(r.status == 200);
+  auto j = body_of(r);
+  CHECK(j["daemon"]["version"] == MODELD_VERSION);
+  CHECK(j["daemon"]["uptime_s"] == 12.5);
+  CHECK(j["active"].is_null());
+  CHECK(j["deployment"].is_null());
+}
+
+TEST_CASE("status reports the active model and the current deployment") {
+  FakeEngine e;
+  e.active_model = deploy::Active{"llama", "abc123", "modeld-serve@llama.service", 8000,
+                                  "2026-11-29T19:00:00Z"};
+  e.deployments.push_back(make_deployment("d1", "kimi-k2-5", deploy::State::running,
+                                          deploy::Phase::downloading));
+  auto j = body_of(call(e, "GET", "/v1/status"));
+  CHECK(j["active"] == json{{"model", "llama"}, {"commit", "abc123"},
+                            {"unit", "modeld-serve@llama.service"}, {"port", 8000},
+                            {"since", "2026-11-29T19:00:00Z"}});
+  CHECK(j["deployment"]["id"] == "d1");
+  CHECK(j["deployment"]["phase"] == "downloading");
+  CHECK(j["deployment"]["state"] == "running");
+}
+
+TEST_CASE("models lists every configured model with the contract's fields") {
+  FakeEngine e;
+  deploy::ModelInfo m;
+  m.name = "llama";
+  m.repo = "meta/llama";
+  m.revision = "main";
+  m.commit = "abc";
+  m.state = "verified";
+  m.size_bytes = 1234;
+  m.active = true;
+  e.configured = {m, deploy::ModelInfo{"kimi-k2-5", "moonshotai/Kimi-K2.5", "main", std::nullopt,
+                                       "absent", 0, false, true, std::nullopt}};
+  auto j = body_of(call(e, "GET", "/v1/models"));
+  REQUIRE(j["models"].size() == 2);
+  CHECK(j["models"][0] == json{{"name", "llama"}, {"repo", "meta/llama"}, {"revision", "main"},
+                               {"commit", "abc"}, {"state", "verified"}, {"size_bytes", 1234},
+                               {"active", true}, {"pinned", false}, {"last_active", nullptr}});
+  CHECK(j["models"][1]["commit"].is_null());
+  CHECK(j["models"][1]["pinned"] == true);
+}
+
+TEST_CASE("a member starts a deployment and gets 202 with the DEPLOYMENT") {
+  FakeEngine e;
+  auto r = call(e, "POST", "/v1/deployments", R"({"model": "llama", "allow_downtime": true})");
+  REQUIRE(r.status == 202);
+  auto j = body_of(r);
+  CHECK(j["model"] == "llama");
+  CHECK(j["state"] == "running");
+  CHECK(j["commit"].is_null());
+  REQUIRE(e.deployments.size() == 1);
+  CHECK(e.deployments[0].allow_downtime);
+}
+
+TEST_CASE("allow_downtime defaults to false") {
+  FakeEngine e;
+  REQUIRE(call(e, "POST", "/v1/deployments", R"({"model": "llama"})").status == 202);
+  CHECK_FALSE(e.deployments.at(0).allow_downtime);
+}
+
+TEST_CASE("root may deploy without being asked about group membership") {
+  FakeEngine e;
+  Members m;
+  auto r = handle(Request{"POST", "/v1/deployments", R"({"model": "llama"})"}, root, e, m.access());
+  CHECK(r.status == 202);
+  CHECK(m.asked.empty());
+}
+
+TEST_CASE("a non-member is refused 403 forbidden on deploy and cancel, and the engine is not called") {
+  FakeEngine e;
+  e.deployments.push_back(make_deployment("d1", "llama", deploy::State::running));
+  Members m;
+  auto r = handle(Request{"POST", "/v1/deployments", R"({"model": "llama"})"}, stranger, e, m.access());
+  require_error(r, 403, "forbidden");
+  CHECK(body_of(r)["error"]["message"].get<std::string>().find("modeld") != std::string::npos);
+  r = handle(Request{"POST", "/v1/deployments/d1/cancel", ""}, stranger, e, m.access());
+  require_error(r, 403, "forbidden");
+  CHECK(e.starts == 0);
+  CHECK(e.cancels == 0);
+  REQUIRE(m.asked.size() == 2);
+  CHECK(m.asked[0] == std::pair<uid_t, std::string>{1001, "modeld"});
+}
+
+TEST_CASE("a non-member may still read") {
+  FakeEngine e;
+  CHECK(call(e, "GET", "/v1/status", "", stranger).status == 200);
+  CHECK(call(e, "GET", "/v1/deployments", "", stranger).status == 200);
+  CHECK(call(e, "GET", "/v1/models", "", stranger).status == 200);
+}
+
+TEST_CASE("deploying an unknown model is 404 unknown_model") {
+  FakeEngine e;
+  require_error(call(e, "POST", "/v1/deployments", R"({"model": "nope"})"), 404, "unknown_model");
+}
+
+TEST_CASE("deploying while one runs is 409 deployment_running") {
+  FakeEngine e;
+  e.deployments.push_back(make_deployment("d1", "llama", deploy::State::running));
+  require_error(call(e, "POST", "/v1/deployments", R"({"model": "kimi-k2-5"})"), 409,
+                "deployment_running");
+}
+
+TEST_CASE("malformed deploy bodies are 400 bad_request with a message naming the problem") {
+  FakeEngine e;
+  struct Case {
+    const char* body;
+    const char* mentions;
+  };
+  auto c = GENERATE(Case{"{\"model\": ", "not valid JSON"},
+                    Case{"", "empty"},
+                    Case{"[\"llama\"]", "JSON object"},
+                    Case{R"({"model": 7})", "\"model\" must be a string"},
+                    Case{R"({"model": "llama", "allow_downtime": "yes"})",
+                         "\"allow_downtime\" must be true or false"},
+                    Case{R"({"model": "llama", "allow_dowtime": true})",
+                         "unknown field \"allow_dowtime\""},
+                    Case{R"({"allow_downtime": true})", "\"model\" is missing"});
+  CAPTURE(c.body);
+  auto r = call(e, "POST", "/v1/deployments", c.body);
+  require_error(r, 400, "bad_request");
+  CHECK_THAT(body_of(r)["error"]["message"].get<std::string>(), Catch::Contains(c.mentions));
+  CHECK(e.starts == 0);
+}
+
+TEST_CASE("the deployment history is newest first and honours ?limit=") {
+  FakeEngine e;
+  e.deployments = {make_deployment("d3", "llama", deploy::State::running),
+                   make_deployment("d2", "llama", deploy::State::failed),
+                   make_deployment("d1", "llama", deploy::State::succeeded)};
+  auto j = body_of(call(e, "GET", "/v1/deployments"));
+  REQUIRE(j["deployments"].size() == 3);
+  CHECK(j["deployments"][0]["id"] == "d3");
+  CHECK(j["deployments"][2]["id"] == "d1");
+  j = body_of(call(e, "GET", "/v1/deployments?limit=2"));
+  REQUIRE(j["deployments"].size() == 2);
+  CHECK(j["deployments"][1]["id"] == "d2");
+  for (auto bad : {"0", "-1", "x", "", "2a"}) {
+    CAPTURE(bad);
+    require_error(call(e, "GET", std::string("/v1/deployments?limit=") + bad), 400, "bad_request");
+  }
+}
+
+TEST_CASE("one deployment is found by id, and an unknown id is 404 not_found") {
+  FakeEngine e;
+  e.deployments = {make_deployment("20261129T193942Z-llama", "llama", deploy::State::succeeded)};
+  auto r = call(e, "GET", "/v1/deployments/20261129T193942Z-llama");
+  REQUIRE(r.status == 200);
+  CHECK(body_of(r)["state"] == "succeeded");
+  require_error(call(e, "GET", "/v1/deployments/nope"), 404, "not_found");
+}
+
+TEST_CASE("cancel answers 200 for a running deployment, 409 once ended, 404 when unknown") {
+  FakeEngine e;
+  e.deployments = {make_deployment("d2", "llama", deploy::State::running),
+                   make_deployment("d1", "llama", deploy::State::succeeded)};
+  auto r = call(e, "POST", "/v1/deployments/d2/cancel");
+  REQUIRE(r.status == 200);
+  CHECK(body_of(r)["id"] == "d2");
+  CHECK(e.deployments[0].cancel_requested);
+  require_error(call(e, "POST", "/v1/deployments/d1/cancel"), 409, "deployment_ended");
+  require_error(call(e, "POST", "/v1/deployments/d9/cancel"), 404, "not_found");
+}
+
+TEST_CASE("unknown routes are 404 not_found and known routes with another method 405") {
+  FakeEngine e;
+  for (auto target : {"/", "/v2/status", "/v1/nothing", "/v1/deployments/d1/pause", "/metrics/x"}) {
+    CAPTURE(target);
+    require_error(call(e, "GET", target), 404, "not_found");
+  }
+  auto r = call(e, "DELETE", "/v1/status");
+  require_error(r, 405, "bad_request");
+  REQUIRE(r.headers.size() == 1);
+  CHECK(r.headers[0] == std::pair<std::string, std::string>{"Allow", "GET"});
+  require_error(call(e, "PUT", "/v1/deployments"), 405, "bad_request");
+  require_error(call(e, "GET", "/v1/deployments/d1/cancel"), 405, "bad_request");
+  require_error(call(e, "POST", "/v1/events"), 405, "bad_request");
+  require_error(call(e, "POST", "/metrics"), 405, "bad_request");
+}
+
+TEST_CASE("GET /v1/events asks the server for an event stream") {
+  FakeEngine e;
+  auto r = call(e, "GET", "/v1/events");
+  CHECK(r.event_stream);
+  CHECK(r.content_type == "text/event-stream");
+  CHECK_FALSE(call(e, "GET", "/v1/status").event_stream);
+}
+
+TEST_CASE("an event is framed as event: KIND and data: JSON, one data line per payload line") {
+  CHECK(sse_message({"phase", R"({"id":"d1","phase":"downloading"})"}) ==
+        "event: phase\ndata: {\"id\":\"d1\",\"phase\":\"downloading\"}\n\n");
+  CHECK(sse_message({"state", "{\n\"a\":1}"}) == "event: state\ndata: {\ndata: \"a\":1}\n\n");
+}
+
+TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") {
+  FakeEngine e;
+  e.active_model = deploy::Active{"llama", "ab\"c", "modeld-serve@llama.service", 8000, "x"};
+  e.deployments = {make_deployment("d4", "llama", deploy::State::running),
+                   make_deployment("d3", "llama", deploy::State::failed),
+                   make_deployment("d2", "llama", deploy::State::succeeded),
+                   make_deployment("d1", "llama", deploy::State::succeeded)};
+  auto r = call(e, "GET", "/metrics");
+  REQUIRE(r.status == 200);
+  CHECK(r.content_type == "text/plain; version=0.0.4; charset=utf-8");
+  const auto& t = r.body;
+  CHECK_THAT(t, Catch::Contains("# TYPE modeld_up gauge\nmodeld_up 1\n"));
+  CHECK_THAT(t, Catch::Contains("# HELP modeld_deployments_total "));
+  CHECK_THAT(t, Catch::Contains("# TYPE modeld_deployments_total counter\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_deployments_total{result=\"succeeded\"} 2\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_deployments_total{result=\"failed\"} 1\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_deployments_total{result=\"rolled_back\"} 0\n"));
+  CHECK_THAT(t, Catch::Contains("# TYPE modeld_active_model_info gauge\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_active_model_info{model=\"llama\",commit=\"ab\\\"c\"} 1\n"));
+  // Every line is a comment or "name{labels} value", and the text ends with a line feed.
+  CHECK(t.back() == '\n');
+  std::size_t start = 0;
+  while (start < t.size()) {
+    auto end = t.find('\n', start);
+    auto line = t.substr(start, end - start);
+    CAPTURE(line);
+    CHECK((line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0 ||
+           line.rfind("modeld_", 0) == 0));
+    start = end + 1;
+  }
+}
+
+TEST_CASE("metrics leave out the active model info when nothing serves") {
+  FakeEngine e;
+  auto r = call(e, "GET", "/metrics");
+  CHECK(r.body.find("modeld_active_model_info{") == std::string::npos);
+}
+
+TEST_CASE("error statuses follow the error codes") {
+  CHECK(http_status(Errc::bad_request) == 400);
+  CHECK(http_status(Errc::forbidden) == 403);
+  CHECK(http_status(Errc::unknown_model) == 404);
+  CHECK(http_status(Errc::not_found) == 404);
+  CHECK(http_status(Errc::deployment_running) == 409);
+  CHECK(http_status(Errc::deployment_ended) == 409);
+  CHECK(http_status(Errc::io_error) == 500);
+}
+
+TEST_CASE("the real membership check finds primary groups and rejects unknown groups") {
+  CHECK(peer_in_group(Peer{0, 0, 0}, "root"));
+  CHECK_FALSE(peer_in_group(Peer{0, 0, 0}, "no-such-group-modeld-test"));
+  CHECK_FALSE(peer_in_group(Peer{65534, 65534, 0}, "root"));
+}
