@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from modeld_env import ModeldEnv, free_port, model_table  # noqa: E402
-from nsystemd import skip_reason  # noqa: E402
+from nsystemd import unsupported_reason  # noqa: E402
 
 
 def say(text: str):
@@ -26,7 +26,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave the hub, systemd and modeld running")
     ap.add_argument("--shard-size", type=int, default=32 << 20, help="bytes per safetensors shard")
     args = ap.parse_args()
-    reason = skip_reason()
+    reason = unsupported_reason()
     if reason:
         print(f"demo: cannot run here: {reason}", file=sys.stderr)
         return 1
@@ -71,7 +71,7 @@ def main() -> int:
         say("demo finished: tiny-chat-2 serves, tiny-chat was stopped first")
         if args.keep:
             print(f"left running. Look with:\n  {env.modelctl_bin} --socket {env.socket} status\n"
-                  f"  nsenter -t {env.systemd.pid} -p -m journalctl -u modeld.service\n"
+                  f"  nsenter -t {env.systemd.pid} -p -m journalctl -u modeld.service --since today\n"
                   f"and stop with: nsenter -t {env.systemd.pid} -p -m systemctl poweroff")
         return 0
     finally:

@@ -1,1 +1,359 @@
-int main() { return 0; }
+// modelctl: the command-line client of modeld (interface.md "Programs"). Each command is one
+// or two requests over the control socket; exit codes follow the contract's table, and 3
+// always means the daemon could not be reached.
+
+#include "modelctl/client.hpp"
+#include "modelctl/format.hpp"
+
+#include "util/text.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+using modelctl::Daemon;
+
+constexpr int exit_ok = 0;
+constexpr int exit_failed = 1;
+constexpr int exit_refused = 2;
+constexpr int exit_unreachable = 3;
+
+struct Context {
+  Daemon& daemon;
+  bool json = false;
+  modelctl::Style style;
+  bool tty = false;
+};
+
+int unreachable(const Daemon& d, const modeld::Error& e) {
+  fmt::print(stderr, "modelctl: cannot reach modeld at {}: {}\n", d.socket_path(), e.message);
+  return exit_unreachable;
+}
+
+std::optional<json> parse_body(const modelctl::Reply& r) {
+  auto j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded()) {
+    fmt::print(stderr, "modelctl: modeld answered {} with a body that is not JSON\n", r.status);
+    return std::nullopt;
+  }
+  return j;
+}
+
+void print_raw(const std::string& body) {
+  std::fputs(body.c_str(), stdout);
+  if (body.empty() || body.back() != '\n') std::fputc('\n', stdout);
+}
+
+// Prints an error answer: as it is with --json, else its message.
+void print_error(const Context& c, const modelctl::Reply& r) {
+  if (c.json) {
+    print_raw(r.body);
+    return;
+  }
+  auto j = json::parse(r.body, nullptr, false);
+  std::string message = fmt::format("modeld answered {}", r.status);
+  if (j.is_object() && j.contains("error") && j["error"].is_object())
+    message = j["error"].value("message", message);
+  fmt::print(stderr, "modelctl: {}\n", message);
+}
+
+int cmd_status(Context& c) {
+  auto r = c.daemon.call("GET", "/v1/status");
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 200) {
+    print_error(c, *r);
+    return exit_failed;
+  }
+  if (c.json) {
+    print_raw(r->body);
+    return exit_ok;
+  }
+  auto j = parse_body(*r);
+  if (!j) return exit_failed;
+  std::fputs(modelctl::status_text(*j, c.style).c_str(), stdout);
+  return exit_ok;
+}
+
+int cmd_models(Context& c) {
+  auto r = c.daemon.call("GET", "/v1/models");
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 200) {
+    print_error(c, *r);
+    return exit_failed;
+  }
+  if (c.json) {
+    print_raw(r->body);
+    return exit_ok;
+  }
+  auto j = parse_body(*r);
+  if (!j) return exit_failed;
+  std::fputs(modelctl::models_table(*j, c.style).c_str(), stdout);
+  return exit_ok;
+}
+
+// Shows download progress: one line rewritten in place on a terminal, a plain line every few
+// seconds otherwise (logs and CI output stay readable).
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool tty) : tty_(tty) {}
+
+  void progress(const std::string& text, bool complete) {
+    auto now = std::chrono::steady_clock::now();
+    auto every = tty_ ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000);
+    if (text.empty() || text == last_ || (!complete && now - last_time_ < every)) return;
+    last_ = text;
+    last_time_ = now;
+    if (tty_) {
+      fmt::print("\r\x1b[K  {}", text);
+      open_ = true;
+    } else {
+      fmt::print("  {}\n", text);
+    }
+    std::fflush(stdout);
+  }
+
+  void line(const std::string& text) {
+    end_line();
+    fmt::print("{}\n", text);
+    std::fflush(stdout);
+  }
+
+  void end_line() {
+    if (open_) std::fputc('\n', stdout);
+    open_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool open_ = false;
+  std::string last_;
+  std::chrono::steady_clock::time_point last_time_{};
+};
+
+// Follows deployment `id` on `events` until it ends; false when the daemon became unreachable
+// (the message is printed).
+bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream& events) {
+  ProgressPrinter out(c.tty);
+  constexpr int max_reconnects = 10;
+  for (int attempt = 0;; ++attempt) {
+    bool ended = false;
+    auto r = events.follow([&](const modelctl::Event& e) {
+      auto j = json::parse(e.data, nullptr, false);
+      if (!j.is_object() || j.value("id", "") != id) return true;
+      if (c.json) return !(e.kind == "state" && j.value("state", "running") != "running");
+      if (e.kind == "phase") {
+        out.line(fmt::format("phase: {}", j.value("phase", "?")));
+      } else if (e.kind == "progress") {
+        const auto& p = j.value("progress", json());
+        bool complete = p.is_object() && p.value("bytes_done", 0ull) >= p.value("bytes_total", 0ull);
+        out.progress(modelctl::progress_line(p), complete);
+      } else if (e.kind == "state") {
+        auto state = j.value("state", "running");
+        if (state != "running") {
+          ended = true;
+          return false;
+        }
+      }
+      return true;
+    });
+    if (!c.json) out.end_line();
+    if (r || ended) return true;
+    // The stream broke (a daemon restart continues the deployment): reconnect, then ask
+    // whether it ended while no one listened.
+    if (attempt >= max_reconnects) {
+      unreachable(c.daemon, r.error());
+      return false;
+    }
+    if (auto reopened = events.open(); !reopened) {
+      unreachable(c.daemon, reopened.error());
+      return false;
+    }
+    auto d = c.daemon.call("GET", "/v1/deployments/" + modeld::util::url_encode_segment(id));
+    if (!d) {
+      unreachable(c.daemon, d.error());
+      return false;
+    }
+    auto j = json::parse(d->body, nullptr, false);
+    if (d->status == 200 && j.is_object() && j.value("state", "running") != "running") return true;
+  }
+}
+
+int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downtime) {
+  // Subscribe first, so that no event of the new deployment can slip by.
+  std::optional<modelctl::EventStream> events;
+  if (wait) {
+    events.emplace(c.daemon);
+    if (auto r = events->open(); !r) return unreachable(c.daemon, r.error());
+  }
+  json body{{"model", name}, {"allow_downtime", allow_downtime}};
+  auto r = c.daemon.call("POST", "/v1/deployments", body.dump());
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 202) {
+    print_error(c, *r);
+    return r->status >= 400 && r->status < 500 ? exit_refused : exit_failed;
+  }
+  auto d = parse_body(*r);
+  if (!d) return exit_failed;
+  const std::string id = d->value("id", "");
+  if (!wait) {
+    if (c.json)
+      print_raw(r->body);
+    else
+      fmt::print("Started deployment {} of {}\n", id, name);
+    return exit_ok;
+  }
+  if (!c.json) fmt::print("Deploying {} (deployment {})\n", name, id);
+  std::fflush(stdout);
+  if (!follow_deployment(c, id, *events)) return exit_unreachable;
+
+  auto final = c.daemon.call("GET", "/v1/deployments/" + modeld::util::url_encode_segment(id));
+  if (!final) return unreachable(c.daemon, final.error());
+  if (final->status != 200) {
+    print_error(c, *final);
+    return exit_failed;
+  }
+  if (c.json) print_raw(final->body);
+  auto f = parse_body(*final);
+  if (!f) return exit_failed;
+  const std::string state = f->value("state", "");
+  if (!c.json) {
+    fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), f->value("phase", "?"));
+    if (const auto& e = f->value("error", json()); e.is_object())
+      fmt::print(stderr, "modelctl: {}: {}\n", e.value("code", "error"), e.value("message", ""));
+  }
+  return state == "succeeded" ? exit_ok : exit_failed;
+}
+
+int cmd_cancel(Context& c) {
+  auto s = c.daemon.call("GET", "/v1/status");
+  if (!s) return unreachable(c.daemon, s.error());
+  auto status = parse_body(*s);
+  if (!status) return exit_failed;
+  const auto& d = status->value("deployment", json());
+  if (!d.is_object() || d.value("state", "") != "running") {
+    fmt::print(stderr, "modelctl: no deployment is running\n");
+    return exit_failed;
+  }
+  const std::string id = d.value("id", "");
+  auto r = c.daemon.call("POST", "/v1/deployments/" + modeld::util::url_encode_segment(id) + "/cancel");
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status == 200) {
+    if (c.json)
+      print_raw(r->body);
+    else
+      fmt::print("Cancelling deployment {} of {}\n", id, d.value("model", "?"));
+    return exit_ok;
+  }
+  print_error(c, *r);
+  // 409 or 404: it ended between the two requests, so nothing runs any more.
+  if (r->status == 409 || r->status == 404) return exit_failed;
+  return r->status == 403 ? exit_refused : exit_failed;
+}
+
+int cmd_logs(bool follow, const std::string& name) {
+  if (!name.empty() && !modeld::util::valid_model_name(name)) {
+    fmt::print(stderr, "modelctl: \"{}\" is not a valid model name\n", name);
+    return exit_refused;
+  }
+  std::string unit = name.empty() ? "modeld.service" : "modeld-serve@" + name + ".service";
+  std::vector<std::string> args{"journalctl", "-u", unit};
+  if (follow) args.emplace_back("-f");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  ::execvp("journalctl", argv.data());
+  fmt::print(stderr, "modelctl: cannot run journalctl: {}\n", std::strerror(errno));
+  return exit_failed;
+}
+
+int not_supported(const char* command) {
+  fmt::print(stderr, "modelctl: {} is not supported by this modeld yet\n", command);
+  return exit_refused;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"modelctl: the client of modeld, which deploys language models as systemd units"};
+  app.set_version_flag("--version", "modelctl " MODELD_VERSION);
+  std::string socket;
+  bool json_output = false;
+  app.add_option("--socket", socket,
+                 "control socket (default: $MODELD_SOCKET, else /run/modeld/modeld.sock)");
+  app.add_flag("--json", json_output, "print the API's JSON as it is");
+  app.require_subcommand(1);
+
+  auto sub = [&](const char* name, const char* what) {
+    auto* s = app.add_subcommand(name, what);
+    s->fallthrough();  // global options may also come after the command
+    return s;
+  };
+  auto* status = sub("status", "show the daemon, the active model and the current deployment");
+  auto* models = sub("models", "list configured models and their on-disk state");
+  auto* deploy = sub("deploy", "start a deployment of a model");
+  std::string deploy_name;
+  bool wait = false, allow_downtime = false;
+  deploy->add_option("NAME", deploy_name, "model to deploy")->required();
+  deploy->add_flag("--wait", wait, "follow the deployment to its end");
+  deploy->add_flag("--allow-downtime", allow_downtime,
+                   "stop the active model before freeing disk when it must be evicted");
+  auto* cancel = sub("cancel", "cancel the running deployment");
+  auto* plan = sub("plan", "dry run: what a deployment would fetch and evict");
+  std::string plan_name;
+  plan->add_option("NAME", plan_name, "model")->required();
+  plan->add_flag("--allow-downtime", allow_downtime, "plan as deploy --allow-downtime would");
+  auto* verify = sub("verify", "re-hash and re-check a model on disk");
+  std::string verify_name;
+  verify->add_option("NAME", verify_name, "model")->required();
+  auto* rm = sub("rm", "delete a model's files");
+  std::string rm_name;
+  rm->add_option("NAME", rm_name, "model")->required();
+  auto* logs = sub("logs", "show the daemon's journal, or a model service's");
+  bool follow = false;
+  std::string logs_name;
+  logs->add_flag("-f,--follow", follow, "keep following new lines");
+  logs->add_option("NAME", logs_name, "model whose service journal to show");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? exit_ok : exit_refused;  // bad usage is exit 2 by the contract
+  }
+
+  if (logs->parsed()) return cmd_logs(follow, logs_name);
+  if (plan->parsed()) return not_supported("plan");
+  if (verify->parsed()) return not_supported("verify");
+  if (rm->parsed()) return not_supported("rm");
+
+  if (socket.empty()) {
+    const char* env = std::getenv("MODELD_SOCKET");
+    socket = env && *env ? env : "/run/modeld/modeld.sock";
+  }
+  Daemon daemon(socket);
+  Context c{daemon};
+  c.json = json_output;
+  c.tty = ::isatty(STDOUT_FILENO) == 1;
+  const char* no_color = std::getenv("NO_COLOR");
+  c.style.color = c.tty && !(no_color && *no_color);
+
+  if (status->parsed()) return cmd_status(c);
+  if (models->parsed()) return cmd_models(c);
+  if (deploy->parsed()) return cmd_deploy(c, deploy_name, wait, allow_downtime);
+  if (cancel->parsed()) return cmd_cancel(c);
+  return exit_refused;
+}

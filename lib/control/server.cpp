@@ -138,7 +138,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> conns;
 
   asio::awaitable<void> accept_loop();
-  asio::awaitable<void> session(std::shared_ptr<Conn> conn);
+  asio::awaitable<void> session(std::shared_ptr<Conn> conn, std::uint64_t id);
   asio::awaitable<void> stream_events(std::shared_ptr<Conn> conn);
   asio::awaitable<void> answer_and_close(Conn& conn, unsigned status, const Error& error);
 
@@ -267,8 +267,12 @@ asio::awaitable<void> Server::Impl::accept_loop() {
       socket.close(ignored);
       continue;
     }
+    // Counted from here, not from when the session first runs, so that a burst of accepts
+    // cannot pass the limit.
     auto conn = std::make_shared<Conn>(std::move(socket));
-    spawn(session(std::move(conn)), "control connection");
+    const auto id = next_id++;
+    conns.emplace(id, conn);
+    spawn(session(std::move(conn), id), "control connection");
   }
 }
 
@@ -294,10 +298,8 @@ asio::awaitable<void> Server::Impl::answer_and_close(Conn& conn, unsigned status
   }
 }
 
-asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn) {
+asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uint64_t id) {
   auto self = shared_from_this();
-  const auto id = next_id++;
-  conns.emplace(id, conn);
   struct Leave {
     Impl& impl;
     std::uint64_t id;
@@ -308,6 +310,7 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn) {
     }
   } leave{*this, id, conn};
 
+  if (stopped) co_return;
   auto peer = peer_credentials(conn->stream.socket().native_handle());
   if (!peer) {
     sys::log(sys::Level::warning, {}, peer.error().message);

@@ -104,6 +104,11 @@ std::string describe_content(std::string_view prefix) {
   return "";
 }
 
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
 const char* kind_name(verify::HashKind k) { return k == verify::HashKind::sha256 ? "sha256" : "git blob sha1"; }
 
 // A token bucket shared by all workers: each block is paid for before it is buffered; a worker
@@ -218,10 +223,8 @@ class FileTask {
       : s_(s),
         file_(f),
         kind_(f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1),
-        expected_(f.is_lfs() ? *f.lfs_sha256 : f.blob_id),
+        expected_(lower(f.is_lfs() ? *f.lfs_sha256 : f.blob_id)),
         part_(s.options.dest_dir, Sidecar{s.options.commit, f.path, f.size, kind_, expected_}) {
-    std::transform(expected_.begin(), expected_.end(), expected_.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     buf_.reserve(s_.block_size);
   }
 
@@ -248,11 +251,13 @@ class FileTask {
             continue;
           }
           if (!retryable(e.code)) {
-            if (discard_) co_await discard();
+            // A partial without a byte in it is worth nothing to a later run.
+            if (discard_ || on_disk_ == 0) co_await discard();
             co_return e;
           }
           if (discard_) co_await discard_and_reopen();
           if (attempt >= s_.options.max_attempts) {
+            if (on_disk_ == 0) co_await discard();
             e.message += fmt::format(" (after {} attempts)", attempt);
             co_return e;
           }
@@ -280,7 +285,9 @@ class FileTask {
     prefix_.clear();
     on_disk_ = 0;
     std::uint64_t have = *opened;
-    std::vector<char> block(std::min<std::uint64_t>(std::max<std::uint64_t>(have, 1), 4u << 20));
+    // The write buffer (empty now) doubles as the read block, so re-hashing stays in the budget.
+    std::vector<char>& block = buf_;
+    block.resize(s_.block_size);
     while (on_disk_ < have) {
       auto n = co_await on_pool<Result<std::size_t>>(s_.pool, [&]() -> Result<std::size_t> {
         auto want = std::min<std::uint64_t>(block.size(), have - on_disk_);
@@ -288,11 +295,15 @@ class FileTask {
         if (r && *r > 0) hasher_->update(std::span<const char>(block.data(), *r));
         return r;
       });
-      if (!n) co_return n.error();
+      if (!n) {
+        block.clear();
+        co_return n.error();
+      }
       if (*n == 0) break;  // shorter than fstat said: continue from what is there
       note_prefix(std::span<const char>(block.data(), *n));
       on_disk_ += *n;
     }
+    block.clear();
     counted_ = on_disk_;
     s_.progress.counters().bytes_done += on_disk_;
     co_return Result<void>{};

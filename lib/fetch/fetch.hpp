@@ -36,6 +36,7 @@ struct Options {
   unsigned parallel_files = 8;        ///< files in flight at once
   std::uint64_t max_bytes_per_s = 0;  ///< 0 = unlimited
   unsigned max_attempts = 5;          ///< per file, for retryable failures (hub-protocol.md "Retries")
+  /// Least time between two on_progress calls (the final call comes regardless).
   std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
   /// First retry delay; later ones double up to 8x (1, 2, 4, 8, 8 s by default), with jitter.
   /// A Retry-After (seconds) from the server is honoured when longer. Tests shorten it.

@@ -82,7 +82,7 @@ std::string remove_dot_segments(std::string_view in) {
     bool last = slash == std::string_view::npos;
     trailing_slash = false;
     if (seg == "..") {
-      if (out.size() > 1) out.pop_back();
+      if (!out.empty()) out.pop_back();
       trailing_slash = true;
     } else if (seg == ".") {
       trailing_slash = true;
@@ -498,8 +498,10 @@ struct Client::Impl {
                           ? 0u
                           : options.max_redirects - static_cast<unsigned>(redirects.size());
       HopContext ctx{url, read_timeout, sink, redirects, left};
-      Result<Hop> hop = (*conn)->tls ? co_await exchange(*(*conn)->tls, (*conn)->lowest(), req, ctx)
-                                     : co_await exchange(*(*conn)->tcp, (*conn)->lowest(), req, ctx);
+      // (No co_await inside ?: here: GCC 12 destroys the temporaries of such an expression twice.)
+      Result<Hop> hop = make_error(Errc::internal, "no exchange");
+      if ((*conn)->tls) hop = co_await exchange(*(*conn)->tls, (*conn)->lowest(), req, ctx);
+      else hop = co_await exchange(*(*conn)->tcp, (*conn)->lowest(), req, ctx);
       if (!hop) co_return hop.error();
       if (hop->final_head) co_return std::move(*hop->final_head);
       auto next = url.resolve(hop->location);

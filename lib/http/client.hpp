@@ -93,8 +93,9 @@ struct ClientOptions {
   std::string auth_origin;   ///< origin ("https://host:443") that may receive the token; empty: none
   std::string bearer_token;  ///< sent as "Authorization: Bearer ..." only to auth_origin
   std::filesystem::path ca_file;  ///< extra trusted CA bundle (PEM); empty: system store only
-  std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
-  std::chrono::milliseconds read_timeout = std::chrono::seconds(30);  ///< idle time allowed per read
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);  ///< resolve, connect, TLS handshake
+  std::chrono::milliseconds read_timeout = std::chrono::seconds(30);  ///< deadline of each read and of
+                                                                       ///< writing the request
   unsigned max_redirects = 10;
   std::string user_agent = "modeld/" MODELD_VERSION;
 };

@@ -7,9 +7,12 @@
 
 #include <boost/asio/awaitable.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace modeld::hub {
@@ -31,6 +34,16 @@ struct Snapshot {
   std::vector<RepoFile> files;  ///< sorted by path
 };
 
+/// How the listing is retried (hub-protocol.md "Retries"): on 408, 429, 5xx, network errors
+/// and timeouts, waiting backoff[i] before try i+2 (the last entry repeats), or Retry-After
+/// seconds when the Hub sends it, capped at max_retry_after.
+struct RetryPolicy {
+  unsigned max_tries = 5;
+  std::vector<std::chrono::milliseconds> backoff{std::chrono::seconds(1), std::chrono::seconds(2),
+                                                 std::chrono::seconds(4), std::chrono::seconds(8)};
+  std::chrono::milliseconds max_retry_after = std::chrono::seconds(30);
+};
+
 /// A client for one Hub endpoint.
 class Hub {
  public:
@@ -38,8 +51,9 @@ class Hub {
   /// ("https://huggingface.co", no trailing slash needed).
   Hub(http::Client& client, std::string endpoint);
 
-  /// GET /api/models/{repo}/revision/{revision}?blobs=true: the commit and every file with size,
-  /// blob id and LFS sha256. Errors: hub_not_found (RepoNotFound, RevisionNotFound, 404),
+  /// GET /api/models/{repo}/revision/{revision}?blobs=true (the revision percent-encoded whole):
+  /// the commit and every file with size, blob id and LFS sha256, retried per RetryPolicy.
+  /// Errors: bad_request (a repo that is not "org/name"), hub_not_found (RepoNotFound, RevisionNotFound, 404),
   /// hub_unauthorized (401/403, GatedRepo), hub_unavailable (408/429/5xx), hub_bad_response
   /// (not JSON, missing fields, a commit that is not 40 hex digits, an unsafe path),
   /// network_error, timeout.
@@ -56,9 +70,13 @@ class Hub {
   /// The endpoint, as configured.
   const std::string& endpoint() const { return endpoint_; }
 
+  /// Replaces the retry schedule of snapshot() (tests use milliseconds instead of seconds).
+  void set_retry_policy(RetryPolicy policy) { retry_ = std::move(policy); }
+
  private:
   http::Client& client_;
   std::string endpoint_;
+  RetryPolicy retry_;
 };
 
 }  // namespace modeld::hub

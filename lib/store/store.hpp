@@ -40,13 +40,14 @@ struct Manifest {
   std::string commit;
   std::string verified_at;  ///< RFC 3339
   std::vector<ManifestFile> files;
+  /// The sum of the files' sizes in bytes, files recorded with the same device and inode counted once.
   std::uint64_t size_bytes() const;
 };
 
 /// Name suffix of the sidecar the fetch engine keeps beside each partial download in
-/// `.modeld/partial/` (commit, expected hash and size, ranges written); partial_bytes() leaves
-/// sidecars out, as it does any other `*.json` file there.
-inline constexpr std::string_view partial_sidecar_suffix = ".sidecar";
+/// `.modeld/partial/` ("NAME.part" and "NAME.part.json", lib/fetch/partial.hpp); partial_bytes()
+/// leaves sidecars out, as it does any other `*.json` file there.
+inline constexpr std::string_view partial_sidecar_suffix = ".part.json";
 
 /// Reads the identity of the file at `path` (lstat; a symlink is reported as io_error).
 Result<FileIdentity> identity_of(const std::filesystem::path& path);
@@ -106,10 +107,13 @@ class Store {
   std::vector<StoredModel> list() const;
 
   /// Deletes every revision of `name` and its link, never following a symlink out of models_dir;
-  /// returns the bytes freed.
+  /// returns the bytes freed. bad_request for an invalid name; io_error when models_dir/NAME is
+  /// not a symlink (a user's folder is left alone, nothing is deleted) or a removal fails.
   Result<std::uint64_t> remove_model(const std::string& name);
 
-  /// Deletes the revisions of `name` other than `keep_commit` (after a successful switch).
+  /// Deletes the revisions of `name` other than `keep_commit` (after a successful switch) and
+  /// other than the one the link points to; returns the bytes freed (files still linked from a
+  /// kept revision not counted). bad_request for an invalid name or commit, io_error.
   Result<std::uint64_t> remove_other_revisions(const std::string& name, const std::string& keep_commit);
 
  private:

@@ -210,9 +210,11 @@ class SystemdManager final : public ServiceManager {
 
  private:
   // Runs `work(bus)` on the bus thread and resumes the caller on its own executor with the result.
+  // Deliberately not a coroutine itself: GCC 12 destroys a by-value parameter of a coroutine
+  // twice when it was moved from inside a co_await expression; co_spawn owns `work` instead.
   template <class T, class F>
   asio::awaitable<Result<T>> on_bus(F work) {
-    co_return co_await asio::co_spawn(
+    return asio::co_spawn(
         pool_,
         [this, work = std::move(work)]() -> asio::awaitable<Result<T>> {
           if (auto r = ensure_open(); !r) co_return r.error();

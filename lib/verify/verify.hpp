@@ -64,10 +64,13 @@ Report check_structure(const std::filesystem::path& dir, const std::vector<hub::
 Report check_hashes(const std::filesystem::path& dir, const std::vector<hub::RepoFile>& files,
                     unsigned parallel);
 
-/// Files that the checkpoint needs but the filters drop: shards named by an index that is
-/// included, and tokenizer files (tokenizer.json, tokenizer.model, tokenizer_config.json,
-/// *.tiktoken, tiktoken.model) in the repository. `all` is the unfiltered listing and
-/// `kept` the filtered one; returns the dropped paths, empty when nothing needed is dropped.
+/// Files that the checkpoint needs but the filters drop: shards of an index that is included
+/// (before the download the index cannot be read, so: *.safetensors in the index's folder whose
+/// name starts with the index's prefix, "model" for model.safetensors.index.json), and tokenizer
+/// files at the repository root (tokenizer.json, tokenizer.model, tokenizer_config.json,
+/// special_tokens_map.json, tiktoken.model, *.tiktoken). `all` is the unfiltered listing and
+/// `kept` the filtered one; returns the dropped paths in listing order, empty when nothing needed
+/// is dropped.
 std::vector<std::string> needed_but_filtered(const std::vector<hub::RepoFile>& all,
                                              const std::vector<hub::RepoFile>& kept);
 

@@ -207,10 +207,15 @@ Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    def journal(self, *match: str) -> list[dict]:
-        """Journal entries of the namespaced systemd as dicts (journalctl -o json), oldest first."""
-        out = self.systemd.run(["journalctl", "--no-pager", "-o", "json", *match], check=False).stdout
-        return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    def journal(self, *match: str, unit: str | None = None) -> list[dict]:
+        """Journal entries of this run's systemd (FIELD=value matches), oldest first."""
+        return self.systemd.journal(unit=unit, matches=match)
+
+    def unit_timestamp(self, unit: str, prop: str) -> int:
+        """A monotonic timestamp property of a unit in microseconds, e.g.
+        InactiveEnterTimestampMonotonic; systemd records these itself at each state change."""
+        out = self.systemd.run(["systemctl", "show", "-p", prop, "--value", unit], check=True).stdout
+        return int(out.strip() or 0)
 
     def unit_state(self, unit: str) -> str:
         return self.systemd.run(["systemctl", "show", "-p", "ActiveState", "--value", unit], check=False).stdout.strip()

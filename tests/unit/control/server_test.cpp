@@ -42,6 +42,8 @@ constexpr auto deadline = 10s;
 fs::path make_temp_dir() {
   std::string tmpl = (fs::temp_directory_path() / "modeld-control-XXXXXX").string();
   REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  // Other users must reach the socket inside (the 403 test connects as nobody).
+  REQUIRE(::chmod(tmpl.c_str(), 0755) == 0);
   return tmpl;
 }
 

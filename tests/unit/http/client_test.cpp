@@ -61,7 +61,8 @@ asio::awaitable<Collected> stream_all(Client& client, Request req) {
 TEST_CASE("a response body is collected with its status and headers") {
   asio::io_context ioc;
   TestServer server(ioc, [](Exchange& ex) -> asio::awaitable<void> {
-    co_await ex.respond(200, "hello", {{"ETag", "\"abc\""}});
+    test::HeaderList h{{"ETag", "\"abc\""}};
+    co_await ex.respond(200, "hello", std::move(h));
   });
   Client client(ioc.get_executor(), {});
   auto r = test::run(ioc, client.request(get(server.url("/file?x=1"))));
@@ -205,7 +206,8 @@ TEST_CASE("a redirect to another origin drops the token and records the redirect
   asio::io_context ioc;
   TestServer cdn(ioc, [](Exchange& ex) -> asio::awaitable<void> { co_await ex.respond(200, "blob"); });
   TestServer hub(ioc, [&](Exchange& ex) -> asio::awaitable<void> {
-    co_await ex.respond(302, "", {{"Location", cdn.url("/blob?sig=SECRET")}, {"X-Linked-Etag", "\"sha\""}});
+    test::HeaderList h{{"Location", cdn.url("/blob?sig=SECRET")}, {"X-Linked-Etag", "\"sha\""}};
+    co_await ex.respond(302, "", std::move(h));
   });
   ClientOptions opts;
   opts.auth_origin = hub.url("");
@@ -227,7 +229,10 @@ TEST_CASE("a redirect to another origin drops the token and records the redirect
 TEST_CASE("a same-origin relative redirect keeps the token") {
   asio::io_context ioc;
   TestServer hub(ioc, [](Exchange& ex) -> asio::awaitable<void> {
-    if (ex.request.target() == "/old/resolve/c/f") co_await ex.respond(307, "", {{"Location", "/new/resolve/c/f"}});
+    if (ex.request.target() == "/old/resolve/c/f") {
+      test::HeaderList h{{"Location", "/new/resolve/c/f"}};
+      co_await ex.respond(307, "", std::move(h));
+    }
     else co_await ex.respond(200, "moved");
   });
   ClientOptions opts;
@@ -247,7 +252,8 @@ TEST_CASE("a caller's Authorization header does not follow a redirect to another
   asio::io_context ioc;
   TestServer other(ioc, [](Exchange& ex) -> asio::awaitable<void> { co_await ex.respond(200, "ok"); });
   TestServer first(ioc, [&](Exchange& ex) -> asio::awaitable<void> {
-    co_await ex.respond(302, "", {{"Location", other.url("/x")}});
+    test::HeaderList h{{"Location", other.url("/x")}};
+    co_await ex.respond(302, "", std::move(h));
   });
   Client client(ioc.get_executor(), {});
   Request req = get(first.url("/x"));
@@ -261,7 +267,8 @@ TEST_CASE("a caller's Authorization header does not follow a redirect to another
 TEST_CASE("more redirects than max_redirects is hub_bad_response") {
   asio::io_context ioc;
   TestServer loop(ioc, [](Exchange& ex) -> asio::awaitable<void> {
-    co_await ex.respond(302, "", {{"Location", "/again"}});
+    test::HeaderList h{{"Location", "/again"}};
+    co_await ex.respond(302, "", std::move(h));
   });
   ClientOptions opts;
   opts.max_redirects = 3;
@@ -276,7 +283,10 @@ TEST_CASE("more redirects than max_redirects is hub_bad_response") {
 TEST_CASE("a 303 answer to a POST is followed with a GET without body") {
   asio::io_context ioc;
   TestServer server(ioc, [](Exchange& ex) -> asio::awaitable<void> {
-    if (ex.request.target() == "/post") co_await ex.respond(303, "", {{"Location", "/result"}});
+    if (ex.request.target() == "/post") {
+      test::HeaderList h{{"Location", "/result"}};
+      co_await ex.respond(303, "", std::move(h));
+    }
     else co_await ex.respond(200, std::string(ex.request.method_string()));
   });
   Client client(ioc.get_executor(), {});

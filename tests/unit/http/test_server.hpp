@@ -45,6 +45,10 @@ namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 using asio::awaitable;
 
+/// Extra response headers, name and value. (Build a list in a variable before co_await: GCC 12
+/// miscompiles braced lists of string literals inside a co_await expression.)
+using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
 /// One request received by a TestServer and the means to answer it.
 class Exchange {
  public:
@@ -58,7 +62,7 @@ class Exchange {
 
   /// Writes a complete response with Content-Length.
   awaitable<void> respond(unsigned status, std::string body,
-                          std::vector<std::pair<std::string, std::string>> headers = {}) {
+                          HeaderList headers = {}) {
     std::string raw = fmt::format("HTTP/1.1 {} Test\r\nContent-Length: {}\r\n", status, body.size());
     for (const auto& [k, v] : headers) raw += fmt::format("{}: {}\r\n", k, v);
     raw += "Connection: close\r\n\r\n";

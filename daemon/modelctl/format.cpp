@@ -1,0 +1,156 @@
+// modelctl's human output. Missing or mistyped fields print as "-" rather than failing: a
+// newer or older daemon may differ, and status output must not be what breaks.
+
+#include "modelctl/format.hpp"
+
+#include "util/units.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace modelctl {
+namespace {
+
+using nlohmann::json;
+
+std::string str(const json& j, const char* key, std::string fallback = "-") {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
+  return j[key].get<std::string>();
+}
+
+std::uint64_t uint(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return 0;
+  return j[key].get<std::uint64_t>();
+}
+
+double num(const json& j, const char* key, double fallback = 0) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return fallback;
+  return j[key].get<double>();
+}
+
+// Visible width of UTF-8 text without escape sequences (the table pads colored cells).
+std::size_t width(const std::string& s) {
+  std::size_t w = 0;
+  bool escape = false;
+  for (unsigned char c : s) {
+    if (escape) {
+      if (c == 'm') escape = false;
+      continue;
+    }
+    if (c == 0x1b) {
+      escape = true;
+      continue;
+    }
+    if ((c & 0xc0) != 0x80) ++w;
+  }
+  return w;
+}
+
+}  // namespace
+
+std::string Style::state(const std::string& text) const {
+  if (!color) return text;
+  const char* code = nullptr;
+  if (text == "succeeded" || text == "verified") code = "32";
+  else if (text == "failed" || text == "corrupt" || text == "rolled_back") code = "31";
+  else if (text == "running" || text == "partial" || text == "cancelled") code = "33";
+  if (!code) return text;
+  return fmt::format("\x1b[{}m{}\x1b[0m", code, text);
+}
+
+std::string Style::bold(const std::string& text) const {
+  return color ? fmt::format("\x1b[1m{}\x1b[0m", text) : text;
+}
+
+std::string short_commit(const json& commit) {
+  if (!commit.is_string()) return "-";
+  return commit.get<std::string>().substr(0, 12);
+}
+
+std::string progress_line(const json& p) {
+  const auto total = uint(p, "bytes_total");
+  if (total == 0) return {};
+  const auto done = std::min(uint(p, "bytes_done"), total);
+  const auto percent = static_cast<unsigned>(done * 100 / total);
+  std::string out = fmt::format("{}% of {}", percent, modeld::util::format_bytes(total));
+  if (double rate = num(p, "rate_bytes_per_s"); rate > 0)
+    out += " at " + modeld::util::format_rate(rate);
+  if (p.is_object() && p.contains("eta_s") && p["eta_s"].is_number() && done < total) {
+    auto eta = std::chrono::seconds(static_cast<long long>(std::ceil(p["eta_s"].get<double>())));
+    out += ", " + modeld::util::format_duration(eta) + " left";
+  }
+  return out;
+}
+
+std::string status_text(const json& s, const Style& style) {
+  std::string out;
+  const auto& daemon = s.value("daemon", json::object());
+  auto uptime = std::chrono::seconds(static_cast<long long>(num(daemon, "uptime_s")));
+  out += fmt::format("{} {}, up {}\n", style.bold("modeld"), str(daemon, "version"),
+                     modeld::util::format_duration(uptime));
+
+  const auto& a = s.value("active", json());
+  if (a.is_object())
+    out += fmt::format("Active:      {} (commit {}), {} on port {}, since {}\n", str(a, "model"),
+                       short_commit(a.value("commit", json())), str(a, "unit"), uint(a, "port"),
+                       str(a, "since"));
+  else
+    out += "Active:      none\n";
+
+  const auto& d = s.value("deployment", json());
+  if (!d.is_object()) {
+    out += "Deployment:  none\n";
+    return out;
+  }
+  out += fmt::format("Deployment:  {}\n", str(d, "id"));
+  out += fmt::format("  Model:     {} (commit {})\n", str(d, "model"),
+                     short_commit(d.value("commit", json())));
+  out += fmt::format("  Phase:     {}\n", str(d, "phase"));
+  out += fmt::format("  State:     {}\n", style.state(str(d, "state")));
+  if (auto p = progress_line(d.value("progress", json())); !p.empty()) {
+    const auto& pj = d["progress"];
+    out += fmt::format("  Progress:  {} ({} of {} files)\n", p, uint(pj, "files_done"),
+                       uint(pj, "files_total"));
+  }
+  out += fmt::format("  Started:   {}\n", str(d, "started_at"));
+  if (auto f = str(d, "finished_at", ""); !f.empty()) out += fmt::format("  Finished:  {}\n", f);
+  if (const auto& e = d.value("error", json()); e.is_object())
+    out += fmt::format("  Error:     {}: {}\n", str(e, "code"), str(e, "message"));
+  if (const auto& b = d.value("benchmark", json()); b.is_object())
+    out += fmt::format("  Benchmark: first token {:.2f} s, {:.1f} tokens/s\n", num(b, "ttft_s"),
+                       num(b, "decode_tokens_per_s"));
+  return out;
+}
+
+std::string models_table(const json& body, const Style& style) {
+  std::vector<std::vector<std::string>> rows{
+      {"NAME", "STATE", "SIZE", "COMMIT", "ACTIVE", "PINNED", "LAST ACTIVE", "REPO"}};
+  const auto& models = body.value("models", json::array());
+  for (const auto& m : models) {
+    rows.push_back({str(m, "name"), style.state(str(m, "state")),
+                    uint(m, "size_bytes") ? modeld::util::format_bytes(uint(m, "size_bytes")) : "-",
+                    short_commit(m.value("commit", json())),
+                    m.value("active", false) ? "yes" : "-", m.value("pinned", false) ? "yes" : "-",
+                    str(m, "last_active"),
+                    str(m, "repo") + (str(m, "revision", "").empty() ? "" : "@" + str(m, "revision"))});
+  }
+  std::vector<std::size_t> widths(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], width(r[i]));
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(widths[i] - width(r[i]) + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace modelctl

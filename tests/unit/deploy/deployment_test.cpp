@@ -1,0 +1,79 @@
+#include "deploy/deployment.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using namespace modeld;
+using namespace modeld::deploy;
+
+TEST_CASE("phase and state names are the contract's") {
+  CHECK(to_string(Phase::freeing_disk) == "freeing_disk");
+  CHECK(to_string(Phase::health_checking) == "health_checking");
+  CHECK(to_string(Phase::rolling_back) == "rolling_back");
+  CHECK(to_string(State::rolled_back) == "rolled_back");
+  CHECK(phase_from_string("stopping_old") == Phase::stopping_old);
+  CHECK_FALSE(phase_from_string("stopping"));
+  CHECK_FALSE(state_from_string("done"));
+}
+
+TEST_CASE("a deployment's JSON carries every field of the contract's DEPLOYMENT") {
+  Deployment d;
+  d.id = "20261129T193942Z-kimi";
+  d.model = "kimi";
+  d.started_at = "2026-11-29T19:39:42Z";
+  auto j = to_json(d);
+  for (const char* key : {"id", "model", "commit", "phase", "state", "progress", "error", "started_at",
+                          "finished_at", "benchmark"})
+    CHECK(j.contains(key));
+  for (const char* key : {"bytes_done", "bytes_total", "files_done", "files_total", "rate_bytes_per_s", "eta_s"})
+    CHECK(j["progress"].contains(key));
+  CHECK(j["commit"].is_null());
+  CHECK(j["error"].is_null());
+  CHECK(j["progress"]["eta_s"].is_null());
+  CHECK(j["phase"] == "planning");
+  CHECK(j["state"] == "running");
+  CHECK_FALSE(j.contains("old_stopped"));
+}
+
+TEST_CASE("a deployment written with its bookkeeping reads back the same") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.commit = std::string(40, 'a');
+  d.phase = Phase::launching;
+  d.state = State::rolled_back;
+  d.progress.bytes_done = 5;
+  d.progress.bytes_total = 10;
+  d.progress.eta_s = 3.5;
+  d.error = Error{Errc::readiness_timeout, "not ready"};
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.finished_at = "2026-11-29T19:40:42Z";
+  d.previous_model = "old";
+  d.previous_commit = std::string(40, 'b');
+  d.old_stopped = true;
+  auto back = deployment_from_json(to_json(d, true));
+  REQUIRE(back.has_value());
+  CHECK(back->commit == d.commit);
+  CHECK(back->phase == Phase::launching);
+  CHECK(back->state == State::rolled_back);
+  CHECK(back->progress.eta_s == 3.5);
+  CHECK(back->error->code == Errc::readiness_timeout);
+  CHECK(back->previous_model == "old");
+  CHECK(back->old_stopped);
+}
+
+TEST_CASE("a malformed deployment record is refused with a message") {
+  auto r = deployment_from_json(nlohmann::json{{"id", "x"}});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::bad_request);
+  auto bad_phase = nlohmann::json::parse(R"({"id":"x","model":"m","commit":null,"phase":"dancing","state":"running",
+    "progress":{"bytes_done":0,"bytes_total":0,"files_done":0,"files_total":0,"rate_bytes_per_s":0,"eta_s":null},
+    "error":null,"started_at":"","finished_at":null})");
+  CHECK_FALSE(deployment_from_json(bad_phase).has_value());
+}
+
+TEST_CASE("error objects use the stable snake_case code") {
+  auto j = error_json(Error{Errc::deployment_running, "busy"});
+  CHECK(j["code"] == "deployment_running");
+  CHECK(j["message"] == "busy");
+}

@@ -1,0 +1,88 @@
+#include "deploy/state_store.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+using namespace modeld;
+using namespace modeld::deploy;
+namespace fs = std::filesystem;
+
+namespace {
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("modeld-state-test-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(reinterpret_cast<std::uintptr_t>(this)));
+    fs::remove_all(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+Deployment make(const std::string& id) {
+  Deployment d;
+  d.id = id;
+  d.model = "m";
+  d.started_at = "2026-11-29T19:39:42Z";
+  return d;
+}
+}  // namespace
+
+TEST_CASE("a fresh state directory has no active model") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  auto st = s.load();
+  REQUIRE(st.has_value());
+  CHECK_FALSE(st->active);
+  CHECK((fs::status(t.path).permissions() & fs::perms::others_all) == fs::perms::none);
+}
+
+TEST_CASE("the active model survives a save and a load") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  DaemonState st;
+  st.active = ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z"};
+  st.last_active["old"] = "2026-11-28T10:00:00Z";
+  REQUIRE(s.save(st).has_value());
+  auto back = StateStore(t.path).load();
+  REQUIRE(back.has_value());
+  REQUIRE(back->active);
+  CHECK(back->active->model == "kimi");
+  CHECK(back->last_active.at("old") == "2026-11-28T10:00:00Z");
+}
+
+TEST_CASE("a corrupt state file is an error, not an empty state") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  std::ofstream(t.path / "state.json") << "{ not json";
+  auto st = s.load();
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().message.find("state.json") != std::string::npos);
+}
+
+TEST_CASE("history comes back newest first and is pruned to the limit") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  for (int i = 0; i < 5; ++i) REQUIRE(s.save_deployment(make("2026112" + std::to_string(i) + "T000000Z-m"), 3).has_value());
+  auto h = s.load_history(10);
+  REQUIRE(h.size() == 3);
+  CHECK(h.front().id == "20261124T000000Z-m");
+  CHECK(h.back().id == "20261122T000000Z-m");
+}
+
+TEST_CASE("an unreadable deployment file is skipped") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  REQUIRE(s.save_deployment(make("a")).has_value());
+  std::ofstream(t.path / "deployments" / "b.json") << "garbage";
+  auto h = s.load_history(10);
+  REQUIRE(h.size() == 1);
+  CHECK(h.front().id == "a");
+}

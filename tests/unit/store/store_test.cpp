@@ -1,0 +1,456 @@
+#include "store/store.hpp"
+#include "unit/verify/test_files.hpp"
+#include "verify/hash.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace modeld;
+using namespace modeld::test;
+using store::Store;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kA = "1111111111111111111111111111111111111111";
+const std::string kB = "2222222222222222222222222222222222222222";
+const std::string kC = "3333333333333333333333333333333333333333";
+
+std::string digest(verify::HashKind kind, const std::string& content) {
+  verify::Hasher h(kind, content.size());
+  h.update(std::span<const char>(content.data(), content.size()));
+  return h.hex();
+}
+
+// The listing entry for `content` at `path` (LFS when `lfs`).
+hub::RepoFile listed(const std::string& path, const std::string& content, bool lfs) {
+  hub::RepoFile f{path, content.size(), digest(verify::HashKind::git_sha1, lfs ? "ptr:" + content : content),
+                  std::nullopt};
+  if (lfs) f.lfs_sha256 = digest(verify::HashKind::sha256, content);
+  return f;
+}
+
+// Writes the files of `snap` into its revision and records a manifest of them, as the
+// deployment does after verification.
+void install_verified(Store& s, const std::string& name, const hub::Snapshot& snap,
+                      const std::map<std::string, std::string>& contents) {
+  REQUIRE(s.prepare_revision(name, snap.commit).has_value());
+  store::Manifest m{snap.repo, snap.revision, snap.commit, "2026-11-29T19:39:42Z", {}};
+  for (const auto& f : snap.files) {
+    auto p = s.revision_dir(name, snap.commit) / f.path;
+    if (!fs::exists(p)) write_file(p, contents.at(f.path));
+    auto id = store::identity_of(p);
+    REQUIRE(id.has_value());
+    m.files.push_back({f.path, f.size, f.lfs_sha256.value_or(""), f.blob_id, *id});
+  }
+  REQUIRE(s.write_manifest(name, m).has_value());
+}
+
+std::uint64_t inode(const fs::path& p) {
+  struct stat st {};
+  REQUIRE(::lstat(p.c_str(), &st) == 0);
+  return st.st_ino;
+}
+
+std::string link_target(const fs::path& p) {
+  std::error_code ec;
+  return fs::read_symlink(p, ec).string();
+}
+
+}  // namespace
+
+TEST_CASE("the store lays out revisions under .store and links the model relatively") {
+  TempDir dir;
+  Store s(dir.path);
+  CHECK(s.revision_dir("m", kA) == dir.path / ".store" / "m" / kA);
+  CHECK(s.model_path("m") == dir.path / "m");
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  CHECK(fs::is_directory(s.revision_dir("m", kA) / ".modeld" / "partial"));
+  CHECK_FALSE(s.prepare_revision("m", "../x").has_value());
+  CHECK_FALSE(s.prepare_revision("../m", kA).has_value());
+  CHECK_FALSE(s.linked_commit("m").has_value());
+}
+
+TEST_CASE("switching the link points the model at the new revision and leaves no temp file") {
+  TempDir dir;
+  Store s(dir.path);
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  write_file(s.revision_dir("m", kA) / "config.json", "A");
+  write_file(s.revision_dir("m", kB) / "config.json", "B");
+
+  REQUIRE(s.switch_link("m", kA).has_value());
+  CHECK(link_target(dir / "m") == ".store/m/" + kA);
+  CHECK(s.linked_commit("m") == kA);
+  CHECK(read_file(dir / "m" / "config.json") == "A");
+
+  REQUIRE(s.switch_link("m", kB).has_value());
+  CHECK(s.linked_commit("m") == kB);
+  CHECK(read_file(dir / "m" / "config.json") == "B");
+
+  auto missing = s.switch_link("m", kC);
+  REQUIRE_FALSE(missing.has_value());
+  CHECK(missing.error().code == Errc::not_found);
+  CHECK(s.linked_commit("m") == kB);
+
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir.path)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  CHECK(entries == std::vector<std::string>{".store", "m"});
+}
+
+TEST_CASE("a reader never finds the model link missing while it is switched back and forth") {
+  TempDir dir;
+  Store s(dir.path);
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  REQUIRE(s.switch_link("m", kA).has_value());
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0}, misses{0};
+  std::thread reader([&] {
+    const auto link = dir / "m";
+    char buf[256];
+    // Keeps reading until the writer is done and at least a few reads overlapped it.
+    while (!done.load() || reads.load() < 10) {
+      if (::readlink(link.c_str(), buf, sizeof buf) < 0) misses++;
+      reads++;
+    }
+  });
+  for (int i = 0; i < 300; ++i) REQUIRE(s.switch_link("m", i % 2 ? kA : kB).has_value());
+  done = true;
+  reader.join();
+  CHECK(misses.load() == 0);
+  CHECK(reads.load() >= 10);
+}
+
+TEST_CASE("a manifest survives a write and read round trip") {
+  TempDir dir;
+  Store s(dir.path);
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  auto none = s.read_manifest("m", kA);
+  REQUIRE(none.has_value());
+  CHECK_FALSE(none->has_value());
+
+  store::Manifest m{"org/model", "main", kA, "2026-11-29T19:39:42Z", {}};
+  m.files.push_back({"model.safetensors", 1ull << 40, std::string(64, 'a'), std::string(40, 'b'),
+                     {64769, 1234567, 1ull << 40, 1764445182123456789, -5}});
+  m.files.push_back({"sub/config.json", 12, "", std::string(40, 'c'), {1, 2, 12, 3, 4}});
+  REQUIRE(s.write_manifest("m", m).has_value());
+  CHECK(fs::exists(s.revision_dir("m", kA) / ".modeld" / "manifest.json"));
+  auto back = s.read_manifest("m", kA);
+  REQUIRE(back.has_value());
+  REQUIRE(back->has_value());
+  const auto& r = **back;
+  CHECK(r.repo == "org/model");
+  CHECK(r.revision == "main");
+  CHECK(r.commit == kA);
+  CHECK(r.verified_at == m.verified_at);
+  REQUIRE(r.files.size() == 2);
+  CHECK(r.files[0].identity == m.files[0].identity);
+  CHECK(r.files[0].sha256 == m.files[0].sha256);
+  CHECK(r.files[1].path == "sub/config.json");
+  CHECK(r.files[1].git_sha1 == m.files[1].git_sha1);
+  CHECK(r.size_bytes() == (1ull << 40) + 12);
+
+  write_file(s.revision_dir("m", kA) / ".modeld" / "manifest.json", R"({"repo": 3})");
+  auto bad = s.read_manifest("m", kA);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code == Errc::io_error);
+  CHECK_THAT(bad.error().message, Catch::Contains("manifest.json"));
+}
+
+TEST_CASE("a manifest still matches until a file's content, inode or type changes") {
+  TempDir dir;
+  Store s(dir.path);
+  hub::Snapshot snap{"org/model", "main", kA, {}};
+  std::map<std::string, std::string> contents;
+  for (int i = 0; i < 64; ++i) {
+    auto path = "shard-" + std::to_string(i) + ".bin";
+    contents[path] = std::string(100, static_cast<char>('a' + i % 26));
+    snap.files.push_back(listed(path, contents[path], true));
+  }
+  install_verified(s, "m", snap, contents);
+
+  auto start = std::chrono::steady_clock::now();
+  CHECK(s.manifest_still_matches("m", kA));
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took < std::chrono::milliseconds(50));
+  CHECK(s.manifest_still_matches("m", kA));
+  CHECK_FALSE(s.manifest_still_matches("m", kB));
+
+  SECTION("rewriting a file in place with the same size") {
+    const auto p = s.revision_dir("m", kA) / "shard-5.bin";
+    auto before = store::identity_of(p);
+    REQUIRE(before.has_value());
+    // The file system's clock is coarse: rewrite until the timestamps move (or give up).
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    store::FileIdentity now = *before;
+    while (now == *before && std::chrono::steady_clock::now() < deadline) {
+      int fd = ::open(p.c_str(), O_WRONLY);
+      REQUIRE(fd >= 0);
+      REQUIRE(::pwrite(fd, "Z", 1, 50) == 1);
+      ::close(fd);
+      auto id = store::identity_of(p);
+      REQUIRE(id.has_value());
+      now = *id;
+    }
+    CHECK(now.inode == before->inode);
+    CHECK(now.size == before->size);
+    CHECK(now.mtime_ns != before->mtime_ns);
+    CHECK_FALSE(s.manifest_still_matches("m", kA));
+  }
+  SECTION("replacing a file by rename") {
+    const auto p = s.revision_dir("m", kA) / "shard-7.bin";
+    write_file(p.string() + ".new", contents["shard-7.bin"]);
+    fs::rename(p.string() + ".new", p);
+    CHECK_FALSE(s.manifest_still_matches("m", kA));
+  }
+  SECTION("replacing a file by a symlink to identical content") {
+    const auto p = s.revision_dir("m", kA) / "shard-9.bin";
+    write_file(dir / "elsewhere.bin", contents["shard-9.bin"]);
+    fs::remove(p);
+    fs::create_symlink(dir / "elsewhere.bin", p);
+    CHECK_FALSE(s.manifest_still_matches("m", kA));
+  }
+  SECTION("deleting a file") {
+    fs::remove(s.revision_dir("m", kA) / "shard-63.bin");
+    CHECK_FALSE(s.manifest_still_matches("m", kA));
+  }
+}
+
+TEST_CASE("unchanged files are hard-linked from an older revision and changed ones listed missing") {
+  TempDir dir;
+  Store s(dir.path);
+  std::map<std::string, std::string> old_contents{{"model.safetensors", "weights v1"},
+                                                  {"config.json", R"({"a": 1})"},
+                                                  {"sub/tokenizer.model", "spm"},
+                                                  {"changed.safetensors", "old weights"}};
+  hub::Snapshot a{"org/model", "main", kA,
+                  {listed("changed.safetensors", "old weights", true), listed("config.json", R"({"a": 1})", false),
+                   listed("model.safetensors", "weights v1", true), listed("sub/tokenizer.model", "spm", false)}};
+  install_verified(s, "m", a, old_contents);
+  // The same content under a new path, a changed file, and a file new in this revision.
+  hub::Snapshot b{"org/model", "main", kB,
+                  {listed("changed.safetensors", "new weights", true), listed("config.json", R"({"a": 1})", false),
+                   listed("moved/model.safetensors", "weights v1", true), listed("new.txt", "hello", false),
+                   listed("sub/tokenizer.model", "spm", false)}};
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+
+  auto missing = s.link_unchanged_and_list_missing("m", b);
+  REQUIRE(missing.has_value());
+  std::vector<std::string> paths;
+  for (const auto& f : *missing) paths.push_back(f.path);
+  CHECK(paths == std::vector<std::string>{"changed.safetensors", "new.txt"});
+  CHECK(inode(s.revision_dir("m", kB) / "config.json") == inode(s.revision_dir("m", kA) / "config.json"));
+  CHECK(inode(s.revision_dir("m", kB) / "moved/model.safetensors") ==
+        inode(s.revision_dir("m", kA) / "model.safetensors"));
+  CHECK(inode(s.revision_dir("m", kB) / "sub/tokenizer.model") ==
+        inode(s.revision_dir("m", kA) / "sub/tokenizer.model"));
+  // Linking changes ctime; the older revision's manifest is refreshed so it still matches.
+  CHECK(s.manifest_still_matches("m", kA));
+
+  // A file already present with the listed size counts as present; a run again links nothing new.
+  write_file(s.revision_dir("m", kB) / "new.txt", "hello");
+  auto again = s.link_unchanged_and_list_missing("m", b);
+  REQUIRE(again.has_value());
+  REQUIRE(again->size() == 1);
+  CHECK(again->front().path == "changed.safetensors");
+}
+
+TEST_CASE("a file changed since its revision was verified is not linked") {
+  TempDir dir;
+  Store s(dir.path);
+  hub::Snapshot a{"org/model", "main", kA, {listed("w.bin", "0123456789", true)}};
+  install_verified(s, "m", a, {{"w.bin", "0123456789"}});
+  // Replaced by a same-size file with other content: a new inode, so the identity differs.
+  const auto p = s.revision_dir("m", kA) / "w.bin";
+  write_file(p.string() + ".x", "9876543210");
+  fs::rename(p.string() + ".x", p);
+  hub::Snapshot b{"org/model", "main", kB, {listed("w.bin", "0123456789", true)}};
+  auto missing = s.link_unchanged_and_list_missing("m", b);
+  REQUIRE(missing.has_value());
+  REQUIRE(missing->size() == 1);
+  CHECK_FALSE(fs::exists(s.revision_dir("m", kB) / "w.bin"));
+}
+
+TEST_CASE("a listing path that escapes the revision folder is plan_invalid") {
+  TempDir dir;
+  Store s(dir.path);
+  hub::Snapshot b{"org/model", "main", kB, {listed("../../escape", "x", false)}};
+  auto r = s.link_unchanged_and_list_missing("m", b);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::plan_invalid);
+}
+
+TEST_CASE("list reports models, their link, revisions and size with hard links counted once") {
+  TempDir dir;
+  Store s(dir.path);
+  hub::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
+  install_verified(s, "m", a, {{"w.bin", std::string(1000, 'w')}});
+  hub::Snapshot b{"org/model", "main", kB, a.files};
+  b.commit = kB;
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  REQUIRE(s.link_unchanged_and_list_missing("m", b).has_value());
+  REQUIRE(s.switch_link("m", kB).has_value());
+  REQUIRE(s.prepare_revision("other", kC).has_value());
+  write_file(s.revision_dir("other", kC) / ".modeld" / "partial" / "x.part", std::string(300, 'p'));
+  write_file(s.revision_dir("other", kC) / ".modeld" / "partial" / "x.part.json", "{}");
+
+  auto models = s.list();
+  REQUIRE(models.size() == 2);
+  CHECK(models[0].name == "m");
+  CHECK(models[0].linked_commit == kB);
+  CHECK(models[0].commits == std::vector<std::string>{kA, kB});
+  auto manifest_bytes = fs::file_size(s.revision_dir("m", kA) / ".modeld" / "manifest.json");
+  CHECK(models[0].size_bytes == 1000 + manifest_bytes);
+  CHECK(models[1].name == "other");
+  CHECK_FALSE(models[1].linked_commit.has_value());
+  CHECK(models[1].size_bytes == 302);
+  CHECK(s.partial_bytes("other", kC) == 300);
+}
+
+TEST_CASE("removing a model refuses invalid names and never follows a symlink out of models_dir") {
+  TempDir outside;
+  write_file(outside / "precious.txt", "keep me");
+  TempDir dir;
+  Store s(dir.path);
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  write_file(s.revision_dir("m", kA) / "w.bin", std::string(500, 'w'));
+  fs::create_directory_symlink(outside.path, s.revision_dir("m", kA) / "evil");
+  fs::create_symlink(outside / "precious.txt", s.revision_dir("m", kA) / "evil-file");
+  REQUIRE(s.switch_link("m", kA).has_value());
+
+  for (std::string bad : {"", "..", "../m", ".store", "M", "a/b"}) {
+    auto r = s.remove_model(bad);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == Errc::bad_request);
+  }
+
+  auto freed = s.remove_model("m");
+  REQUIRE(freed.has_value());
+  CHECK(*freed == 500);
+  CHECK(read_file(outside / "precious.txt") == "keep me");
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir / "m")));
+  CHECK_FALSE(fs::exists(dir / ".store" / "m"));
+  CHECK(s.list().empty());
+}
+
+TEST_CASE("a model link that is planted outside models_dir is removed, not followed") {
+  TempDir outside;
+  write_file(outside / "precious.txt", "keep me");
+  TempDir dir;
+  Store s(dir.path);
+  fs::create_directory_symlink(outside.path, dir / "m");
+  REQUIRE(s.remove_model("m").has_value());
+  CHECK(read_file(outside / "precious.txt") == "keep me");
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir / "m")));
+}
+
+TEST_CASE("a real folder in place of the model link is left alone") {
+  TempDir dir;
+  Store s(dir.path);
+  write_file(dir / "m" / "mine.txt", "user data");
+  auto r = s.remove_model("m");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::io_error);
+  CHECK(read_file(dir / "m" / "mine.txt") == "user data");
+}
+
+TEST_CASE("removing other revisions keeps the linked one and counts shared files as not freed") {
+  TempDir dir;
+  Store s(dir.path);
+  hub::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
+  install_verified(s, "m", a, {{"w.bin", std::string(1000, 'w')}});
+  write_file(s.revision_dir("m", kA) / "only-a.bin", std::string(70, 'a'));
+  hub::Snapshot b = a;
+  b.commit = kB;
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  REQUIRE(s.link_unchanged_and_list_missing("m", b).has_value());
+  REQUIRE(s.switch_link("m", kB).has_value());
+
+  auto manifest_bytes = fs::file_size(s.revision_dir("m", kA) / ".modeld" / "manifest.json");
+  auto freed = s.remove_other_revisions("m", kB);
+  REQUIRE(freed.has_value());
+  CHECK(*freed == 70 + manifest_bytes);
+  CHECK_FALSE(fs::exists(s.revision_dir("m", kA)));
+  CHECK(read_file(s.revision_dir("m", kB) / "w.bin") == std::string(1000, 'w'));
+  CHECK(read_file(dir / "m" / "w.bin") == std::string(1000, 'w'));
+
+  // The revision in service survives even when the caller names another one to keep.
+  REQUIRE(s.prepare_revision("m", kC).has_value());
+  REQUIRE(s.remove_other_revisions("m", kC).has_value());
+  CHECK(fs::exists(s.revision_dir("m", kB)));
+}
+
+TEST_CASE("identity_of reads device, inode, size and nanosecond times and refuses symlinks") {
+  TempDir dir;
+  write_file(dir / "f", "12345");
+  auto id = store::identity_of(dir / "f");
+  REQUIRE(id.has_value());
+  struct stat st {};
+  REQUIRE(::stat((dir / "f").c_str(), &st) == 0);
+  CHECK(id->inode == st.st_ino);
+  CHECK(id->device == st.st_dev);
+  CHECK(id->size == 5);
+  CHECK(id->mtime_ns == st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec);
+  fs::create_symlink(dir / "f", dir / "l");
+  auto l = store::identity_of(dir / "l");
+  REQUIRE_FALSE(l.has_value());
+  CHECK(l.error().code == Errc::io_error);
+  auto free = store::free_bytes(dir.path);
+  REQUIRE(free.has_value());
+  CHECK(*free > 0);
+  CHECK_FALSE(store::free_bytes(dir / "absent").has_value());
+}
+
+TEST_CASE("the disk plan evicts never-active and least recently active models first, only as needed") {
+  using namespace std::chrono;
+  const system_clock::time_point never{};
+  const auto t = [](int h) { return system_clock::time_point{} + hours(24 * 365 * 50 + h); };
+  std::vector<store::EvictionCandidate> c{{"recent", 50, t(10)}, {"old", 30, t(1)}, {"unused", 20, never},
+                                          {"middle", 40, t(5)}};
+
+  SECTION("fits without evicting") {
+    auto p = store::plan_disk(100, 200, 100, c);
+    CHECK(p.fits);
+    CHECK(p.evict.empty());
+  }
+  SECTION("evicts in order until it fits") {
+    auto p = store::plan_disk(150, 200, 100, c);  // 50 short
+    CHECK(p.fits);
+    REQUIRE(p.evict.size() == 2);
+    CHECK(p.evict[0].name == "unused");
+    CHECK(p.evict[1].name == "old");
+  }
+  SECTION("free below the reserve does not wrap around") {
+    auto p = store::plan_disk(10, 50, 100, c);  // needs 10 + 50 short of the reserve = 60
+    CHECK(p.fits);
+    REQUIRE(p.evict.size() == 3);
+    CHECK(p.evict[2].name == "middle");
+    CHECK(p.bytes_free == 50);
+    CHECK(p.reserve == 100);
+  }
+  SECTION("does not fit even after evicting everything") {
+    auto p = store::plan_disk(1000, 200, 100, c);
+    CHECK_FALSE(p.fits);
+    CHECK(p.evict.size() == 4);
+    CHECK(p.bytes_needed == 1000);
+  }
+  SECTION("exactly enough counts as fitting") {
+    auto p = store::plan_disk(120, 200, 100, c);  // 20 short: "unused" frees exactly 20
+    CHECK(p.fits);
+    REQUIRE(p.evict.size() == 1);
+  }
+  SECTION("huge numbers do not overflow") {
+    auto p = store::plan_disk(UINT64_MAX, UINT64_MAX, UINT64_MAX, c);
+    CHECK_FALSE(p.fits);
+    auto q = store::plan_disk(0, 0, 0, {});
+    CHECK(q.fits);
+  }
+}
