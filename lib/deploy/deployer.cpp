@@ -85,16 +85,22 @@ asio::awaitable<void> Deployer::recover() {
       sys::logf(sys::Level::warning, f, "active model {} is no longer configured; leaving its service alone",
                 state_.active->model);
     } else {
-      auto r = co_await install_dropin(services_, *m);
       const auto unit = units::serve_unit(m->name);
-      auto st = r ? co_await services_.units.status(unit) : Result<units::UnitStatus>(r.error());
+      // GCC 12 miscompiles co_await inside a conditional expression: keep them as statements.
+      Result<units::UnitStatus> st = make_error(Errc::internal, "not queried");
+      auto installed = co_await install_dropin(services_, *m);
+      if (installed)
+        st = co_await services_.units.status(unit);
+      else
+        st = installed.error();
       if (!st) {
         sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
       } else if (st->active_state == "active" || st->active_state == "activating" || st->active_state == "reloading") {
         sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit, st->active_state);
       } else {
         sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name, st->active_state, unit);
-        (void)co_await services_.units.reset_failed(unit);
+        auto reset = co_await services_.units.reset_failed(unit);  // best effort: StartUnit reports the real problem
+        (void)reset;
         if (auto s = co_await services_.units.start(unit); !s)
           sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
       }

@@ -108,6 +108,29 @@ def test_deploying_a_second_model_replaces_the_first(env):
     assert terminal and terminal[-1]["MODELD_STATE"] == "succeeded"
 
 
+def test_restarting_modeld_leaves_the_model_serving(env):
+    pid_before = env.systemd.run(["systemctl", "show", "-p", "MainPID", "--value",
+                                  "modeld-serve@model-b.service"], check=True).stdout.strip()
+    env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+    wait_for("modeld to answer after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
+    assert env.status()["active"]["model"] == "model-b"
+    pid_after = env.systemd.run(["systemctl", "show", "-p", "MainPID", "--value",
+                                 "modeld-serve@model-b.service"], check=True).stdout.strip()
+    assert pid_before == pid_after != "0"
+    assert completion(env.ports["model-b"], "model-b")["choices"][0]["text"]
+
+
+def test_a_daemon_start_starts_the_active_model_if_it_is_not_running(env):
+    # As after a reboot: the model's service is down when modeld starts.
+    env.systemd.run(["systemctl", "stop", "modeld.service"], check=True)
+    env.systemd.run(["systemctl", "stop", "modeld-serve@model-b.service"], check=True)
+    assert env.unit_state("modeld-serve@model-b.service") == "inactive"
+    env.systemd.run(["systemctl", "start", "modeld.service"], check=True)
+    wait_for("modeld to start model-b's service again",
+             lambda: env.unit_state("modeld-serve@model-b.service") == "active", timeout=60)
+    wait_for("model-b to answer again", lambda: completion(env.ports["model-b"], "model-b"), timeout=60)
+
+
 def test_an_unknown_model_is_refused_with_404(env):
     r = env.modelctl("deploy", "no-such-model")
     assert r.returncode == 2

@@ -1,0 +1,62 @@
+"""The programs' command lines without a running systemd: configuration checks and an
+unreachable daemon."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from modeld_env import BUILD_DIR, SOURCE_DIR
+
+MODELD = str(BUILD_DIR / "modeld")
+MODELCTL = str(BUILD_DIR / "modelctl")
+
+
+def test_the_shipped_example_configuration_is_valid():
+    r = subprocess.run([MODELD, "--check-config", "--config", str(SOURCE_DIR / "config" / "modeld.toml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_typo_in_the_configuration_names_file_line_column_and_key(tmp_path: Path):
+    cfg = tmp_path / "modeld.toml"
+    cfg.write_text('[daemon]\nmodels_dir = "/srv/models"\n\n[hub]\nparalel_files = 4\n')
+    r = subprocess.run([MODELD, "--check-config", "--config", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"{cfg}:5:1:" in r.stderr
+    assert "paralel_files" in r.stderr and "parallel_files" in r.stderr
+
+
+def test_a_typo_in_a_model_file_names_that_file(tmp_path: Path):
+    cfg = tmp_path / "modeld.toml"
+    cfg.write_text("[daemon]\n")
+    (tmp_path / "models.d").mkdir()
+    model = tmp_path / "models.d" / "m.toml"
+    model.write_text('[models.m]\nrepo = "org/m"\nrevison = "main"\n[models.m.serve]\ncommand = ["x"]\n')
+    r = subprocess.run([MODELD, "--check-config", "--config", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"{model}:3:1:" in r.stderr and "revison" in r.stderr
+
+
+def test_the_daemon_refuses_to_start_on_an_invalid_configuration(tmp_path: Path):
+    cfg = tmp_path / "modeld.toml"
+    cfg.write_text("[daemon]\nsocket = 5\n")
+    r = subprocess.run([MODELD, "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert "socket" in r.stderr
+
+
+def test_modelctl_names_the_socket_when_the_daemon_is_unreachable(tmp_path: Path):
+    sock = tmp_path / "nothing.sock"
+    r = subprocess.run([MODELCTL, "--socket", str(sock), "status"], capture_output=True, text=True)
+    assert r.returncode == 3
+    assert str(sock) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_modelctl_takes_the_socket_from_the_environment(tmp_path: Path):
+    sock = tmp_path / "env.sock"
+    r = subprocess.run([MODELCTL, "--json", "status"], capture_output=True, text=True,
+                       env={"MODELD_SOCKET": str(sock), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 3
+    assert str(sock) in r.stderr
