@@ -34,10 +34,10 @@ Result<health::Target> target_of(const config::ModelConfig& m) {
 
 std::string_view step_name(health::Step s) {
   switch (s) {
-    case health::Step::unit_active: return "unit active";
-    case health::Step::health: return "health endpoint answers";
-    case health::Step::models: return "served model listed";
-    case health::Step::completion: return "completion returns a token";
+    case health::Step::unit_active: return "unit_active";
+    case health::Step::health: return "health";
+    case health::Step::models: return "models";
+    case health::Step::completion: return "completion";
     case health::Step::ready: return "ready";
   }
   return "?";
@@ -56,8 +56,10 @@ boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config:
       s.local_client, s.units, unit, *target, m.serve.startup_timeout,
       [&](health::Step step, const std::string& detail) {
         auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
-        sys::logf(sys::Level::info, fields, "{}: {} after {}{}{}", unit, step_name(step), util::format_duration(secs),
-                  detail.empty() ? "" : ": ", detail);
+        sys::Fields f = fields;
+        f.extra.emplace_back("MODELD_READINESS_STEP", std::string(step_name(step)));
+        sys::logf(sys::Level::info, f, "{} ({} after the start)", detail.empty() ? std::string(step_name(step)) : detail,
+                  util::format_duration(secs));
       });
 }
 

@@ -158,7 +158,8 @@ class ProgressTracker {
     if (now - samples_.back().first >= std::chrono::milliseconds(200)) samples_.emplace_back(now, downloaded_);
     while (samples_.size() > 2 && now - samples_[1].first >= window_) samples_.pop_front();
     double dt = std::chrono::duration<double>(now - samples_.front().first).count();
-    if (dt > 0) p_.rate_bytes_per_s = static_cast<double>(downloaded_ - samples_.front().second) / dt;
+    // Under a second of samples gives wild rates (and ETAs of hours): report none until then.
+    if (dt >= 1.0) p_.rate_bytes_per_s = static_cast<double>(downloaded_ - samples_.front().second) / dt;
     if (!cb_) return;
     if (!force && reported_ && now - last_report_ < interval_) return;
     reported_ = true;
