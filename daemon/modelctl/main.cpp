@@ -70,8 +70,9 @@ void print_error(const Context& c, const modelctl::Reply& r) {
   fmt::print(stderr, "modelctl: {}\n", message);
 }
 
-int cmd_status(Context& c) {
-  auto r = c.daemon.call("GET", "/v1/status");
+// GETs `path` and prints the answer: as it is with --json, else through `render`.
+int show(Context& c, const char* path, std::string (*render)(const json&, const modelctl::Style&)) {
+  auto r = c.daemon.call("GET", path);
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 200) {
     print_error(c, *r);
@@ -83,26 +84,13 @@ int cmd_status(Context& c) {
   }
   auto j = parse_body(*r);
   if (!j) return exit_failed;
-  std::fputs(modelctl::status_text(*j, c.style).c_str(), stdout);
+  std::fputs(render(*j, c.style).c_str(), stdout);
   return exit_ok;
 }
 
-int cmd_models(Context& c) {
-  auto r = c.daemon.call("GET", "/v1/models");
-  if (!r) return unreachable(c.daemon, r.error());
-  if (r->status != 200) {
-    print_error(c, *r);
-    return exit_failed;
-  }
-  if (c.json) {
-    print_raw(r->body);
-    return exit_ok;
-  }
-  auto j = parse_body(*r);
-  if (!j) return exit_failed;
-  std::fputs(modelctl::models_table(*j, c.style).c_str(), stdout);
-  return exit_ok;
-}
+int cmd_status(Context& c) { return show(c, "/v1/status", modelctl::status_text); }
+
+int cmd_models(Context& c) { return show(c, "/v1/models", modelctl::models_table); }
 
 // Shows download progress: one line rewritten in place on a terminal, a plain line every few
 // seconds otherwise (logs and CI output stay readable).

@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,22 +34,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(FIXTURES))
 
 from nsystemd import NamespacedSystemd  # noqa: E402
+from waiting import wait_for  # noqa: E402,F401 - re-exported for tests
 import make_checkpoint  # noqa: E402
-
-
-def wait_for(what: str, predicate, timeout: float = 30.0, interval: float = 0.05):
-    """Polls predicate() until it returns a truthy value, or raises TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - remembered for the error message
-            last_exc = e
-        time.sleep(interval)  # polling interval of a condition wait, not a fixed wait
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
 
 
 def free_port() -> int:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+from waiting import poll
+
 SYSTEMD = "/lib/systemd/systemd"
 
 # The inner shell: the mounts each recipe step needs, then systemd as PID 1 (hence exec).
@@ -40,18 +42,6 @@ class Unsupported(Exception):
 
 class BootFailed(Exception):
     """The namespaced systemd did not come up; the message holds the tail of its console log."""
-
-
-def _poll(condition: Callable[[], object], timeout: float, interval: float = 0.1):
-    """Returns condition()'s first truthy value, or None once `timeout` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(interval)
 
 
 def unsupported_reason() -> str | None:
@@ -109,10 +99,10 @@ class NamespacedSystemd:
              "--propagation", "private", "sh", "-c", _BOOT_SCRIPT],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
-            self.pid = _poll(self._find_systemd, 10.0, 0.02)
+            self.pid = poll(self._find_systemd, 10.0, 0.02)
             if not self.pid:
                 raise BootFailed(f"systemd did not start under unshare\n{self.console_log()}")
-            state = _poll(self._booted, self.boot_timeout)
+            state = poll(self._booted, self.boot_timeout)
             if not state:
                 raise BootFailed(f"systemd did not reach running or degraded within "
                                  f"{self.boot_timeout:.0f} s\n{self.console_log()}")
@@ -188,7 +178,7 @@ class NamespacedSystemd:
         def find():
             return next((e for e in self.journal(unit, matches) if predicate(e)), None)
 
-        return _poll(find, timeout, 0.2)
+        return poll(find, timeout, 0.2)
 
     def console_log(self, tail: int = 4000) -> str:
         """The last `tail` characters of the systemd's console output."""

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from waiting import poll
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 from make_checkpoint import make_checkpoint, parse_size  # noqa: E402
@@ -40,16 +42,14 @@ DTYPE_SIZE = {"BF16": 2, "F32": 4}
 
 def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None, step=0.02):
     """Polls cond() until it returns something truthy; fails after timeout or if proc died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
+    def check():
         if proc is not None and proc.poll() is not None:
             pytest.fail(f"{what}: process exited with {proc.returncode} first")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
+        return cond()
+    value = poll(check, timeout, step)
+    if not value:
+        pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    return value
 
 
 class Proc:
