@@ -402,8 +402,8 @@ std::string Deployer::status_line() const {
     std::string s = fmt::format("{} {}", phase_verb(d.phase), d.model);
     if (d.phase == Phase::downloading && d.progress.bytes_total > 0) {
       const auto& p = d.progress;
-      s += fmt::format(": {}% of {}, {}", p.bytes_done * 100 / p.bytes_total, util::format_bytes(p.bytes_total),
-                       util::format_rate(p.rate_bytes_per_s));
+      s += fmt::format(": {}% of {}", p.bytes_done * 100 / p.bytes_total, util::format_bytes(p.bytes_total));
+      if (p.rate_bytes_per_s > 0) s += ", " + util::format_rate(p.rate_bytes_per_s);
       if (p.eta_s)
         s += ", " + util::format_duration(std::chrono::seconds(static_cast<long long>(*p.eta_s))) + " left";
     }

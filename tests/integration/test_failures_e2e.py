@@ -1,0 +1,112 @@
+"""End to end, things going wrong: a new model that cannot start after the old one was stopped
+(rolled back), a hub answering an HTML page instead of a shard (nothing promoted, the old model
+keeps serving), and a plan that cannot fit on the disk (refused before any byte is fetched)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from modeld_env import ModeldEnv, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    work = tmp_path_factory.mktemp("failures")
+    control = work / "hub-control.json"
+    e = ModeldEnv(workdir=work, hub_args=["--control", str(control)])
+    e.hub_control = control
+    e.add_repo("acme/good", shards=2, shard_size=200_000, seed=11)
+    e.add_repo("acme/broken", shards=2, shard_size=200_000, seed=12)
+    e.add_repo("acme/other", shards=3, shard_size=200_000, seed=13)
+    e.add_repo("acme/fresh", shards=2, shard_size=200_000, seed=14)
+    e.ports = {"good": free_port(), "broken": free_port(), "other": free_port(), "fresh": free_port()}
+    e.tables = (model_table("good", "acme/good", e.ports["good"])
+                # Starts, then exits 1 at once: what a server does on a bad flag or a CUDA error.
+                + model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
+                + model_table("other", "acme/other", e.ports["other"])
+                + model_table("fresh", "acme/fresh", e.ports["fresh"]))
+    try:
+        e.start(e.tables)
+        r = e.modelctl("deploy", "good", "--wait")
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield e
+    finally:
+        e.stop()
+
+
+def answers(port: int, model: str) -> bool:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps({"model": model, "prompt": "hi", "max_tokens": 1}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return bool(json.loads(r.read())["choices"][0]["text"])
+
+
+def test_a_new_model_that_dies_at_start_is_rolled_back_and_the_old_one_serves_again(env):
+    r = env.modelctl("deploy", "broken", "--wait")
+    assert r.returncode == 1, r.stdout + r.stderr
+    dep = env.status()["deployment"]
+    assert dep["model"] == "broken"
+    assert dep["state"] == "rolled_back"
+    assert dep["phase"] == "rolling_back"
+    assert dep["error"]["code"] == "unit_failed"
+    assert "modeld-serve@broken.service" in dep["error"]["message"]
+    assert env.status()["active"]["model"] == "good"
+    assert env.unit_state("modeld-serve@good.service") == "active"
+    assert answers(env.ports["good"], "good")
+    # The journal tells the story with the terminal state.
+    lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep['id']}")
+    assert any(e.get("MODELD_PHASE") == "rolling_back" for e in lines)
+    assert lines[-1].get("MODELD_STATE") == "rolled_back"
+
+
+def test_an_html_page_instead_of_a_shard_is_never_promoted(env):
+    env.hub_control.write_text(json.dumps({"html_200": "*.safetensors"}))
+    try:
+        r = env.modelctl("deploy", "other", "--wait")
+    finally:
+        env.hub_control.write_text("{}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    dep = env.status()["deployment"]
+    assert dep["state"] == "failed" and dep["phase"] == "downloading"
+    assert dep["error"]["code"] in ("size_mismatch", "checksum_mismatch")
+    assert ".safetensors" in dep["error"]["message"] and "html" in dep["error"]["message"].lower()
+    # No shard carries its final name, and nothing that served was touched.
+    revision = env.models_dir / ".store" / "other" / dep["commit"]
+    assert not list(revision.glob("*.safetensors"))
+    assert not (env.models_dir / "other").exists()
+    assert env.status()["active"]["model"] == "good"
+    assert answers(env.ports["good"], "good")
+
+
+def test_a_retry_after_the_hub_recovers_succeeds(env):
+    r = env.modelctl("deploy", "other", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert env.status()["active"]["model"] == "other"
+
+
+def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
+    # Ask for more headroom than any disk has; the running daemon picks it up at restart.
+    env.config.write_text(env.config.read_text().replace('disk_reserve = "0"', 'disk_reserve = "1000TB"'))
+    env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+    wait_for("modeld after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
+    before = len([x for x in env.hub.requests() if "/resolve/" in x["path"] or x["origin"] == "cdn"])
+    r = env.modelctl("deploy", "fresh", "--wait")
+    assert r.returncode == 1, r.stdout + r.stderr
+    dep = env.status()["deployment"]
+    assert dep["state"] == "failed" and dep["phase"] == "freeing_disk"
+    assert dep["error"]["code"] == "disk_full"
+    assert "disk_reserve" in dep["error"]["message"]
+    after = len([x for x in env.hub.requests() if "/resolve/" in x["path"] or x["origin"] == "cdn"])
+    assert after == before, "no file may be downloaded for a plan that does not fit"
+    assert env.status()["active"]["model"] == "other"
+    # A model whose files are all on disk and verified needs no room: it deploys.
+    r = env.modelctl("deploy", "good", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert env.status()["active"]["model"] == "good"
