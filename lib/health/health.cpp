@@ -11,12 +11,6 @@
 
 #include <algorithm>
 
-// GCC 12 inlines asio's recycling operator new/delete of coroutine frames and then reports a
-// mismatch that is not there (a false positive); silence it in this file only.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
 namespace modeld::health {
 
 namespace asio = boost::asio;
