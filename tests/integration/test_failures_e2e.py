@@ -25,12 +25,15 @@ def env(tmp_path_factory):
     e.add_repo("acme/broken", shards=2, shard_size=200_000, seed=12)
     e.add_repo("acme/other", shards=3, shard_size=200_000, seed=13)
     e.add_repo("acme/fresh", shards=2, shard_size=200_000, seed=14)
-    e.ports = {"good": free_port(), "broken": free_port(), "other": free_port(), "fresh": free_port()}
+    e.add_repo("acme/big", shards=2, shard_size=3_000_000, seed=15)
+    e.ports = {"good": free_port(), "broken": free_port(), "other": free_port(), "fresh": free_port(),
+               "big": free_port()}
     e.tables = (model_table("good", "acme/good", e.ports["good"])
                 # Starts, then exits 1 at once: what a server does on a bad flag or a CUDA error.
                 + model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
                 + model_table("other", "acme/other", e.ports["other"])
-                + model_table("fresh", "acme/fresh", e.ports["fresh"]))
+                + model_table("fresh", "acme/fresh", e.ports["fresh"])
+                + model_table("big", "acme/big", e.ports["big"]))
     try:
         e.start(e.tables)
         r = e.modelctl("deploy", "good", "--wait")
@@ -91,8 +94,36 @@ def test_a_retry_after_the_hub_recovers_succeeds(env):
     assert env.status()["active"]["model"] == "other"
 
 
+def test_a_download_interrupted_by_a_daemon_restart_resumes_where_it_stopped(env):
+    # Slow the hub down so the restart lands in the middle of the shards.
+    env.hub_control.write_text(json.dumps({"throttle": 1_000_000}))
+    try:
+        started = env.modelctl("--json", "deploy", "big")
+        assert started.returncode == 0, started.stdout + started.stderr
+        dep_id = json.loads(started.stdout)["id"]
+        wait_for("part of the download to be on disk", lambda: (
+            (d := env.status()["deployment"])["phase"] == "downloading"
+            and d["progress"]["bytes_done"] > 1_000_000), timeout=60)
+        env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+        env.hub_control.write_text("{}")
+        wait_for("the same deployment to end after the restart",
+                 lambda: env.status()["deployment"]["id"] == dep_id
+                 and env.status()["deployment"]["state"] != "running", timeout=120)
+    finally:
+        env.hub_control.write_text("{}")
+    dep = env.status()["deployment"]
+    assert dep["state"] == "succeeded", dep
+    assert env.status()["active"]["model"] == "big"
+    # The bytes on disk were kept: some shard was continued with a Range request.
+    ranges = [x["range"] for x in env.hub.requests() if x["origin"] == "cdn" and x.get("range")]
+    assert any(r.startswith("bytes=") and not r.startswith("bytes=0-") for r in ranges), ranges
+    lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")
+    assert any("continuing deployment" in e.get("MESSAGE", "") for e in lines)
+
+
 def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     # Ask for more headroom than any disk has; the running daemon picks it up at restart.
+    active_before = env.status()["active"]["model"]
     env.config.write_text(env.config.read_text().replace('disk_reserve = "0"', 'disk_reserve = "1000TB"'))
     env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
     wait_for("modeld after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
@@ -105,7 +136,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     assert "disk_reserve" in dep["error"]["message"]
     after = len([x for x in env.hub.requests() if "/resolve/" in x["path"] or x["origin"] == "cdn"])
     assert after == before, "no file may be downloaded for a plan that does not fit"
-    assert env.status()["active"]["model"] == "other"
+    assert env.status()["active"]["model"] == active_before
     # A model whose files are all on disk and verified needs no room: it deploys.
     r = env.modelctl("deploy", "good", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
