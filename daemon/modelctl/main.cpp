@@ -218,7 +218,10 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
   if (!f) return exit_failed;
   const std::string state = f->value("state", "");
   if (!c.json) {
-    fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), f->value("phase", "?"));
+    if (state == "succeeded")
+      fmt::print("Deployment {} {}\n", id, c.style.state(state));
+    else
+      fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), f->value("phase", "?"));
     if (const auto& e = f->value("error", json()); e.is_object())
       fmt::print(stderr, "modelctl: {}: {}\n", e.value("code", "error"), e.value("message", ""));
   }

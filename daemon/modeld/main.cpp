@@ -22,6 +22,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include <cstdio>
+#include <grp.h>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -140,6 +141,10 @@ int main(int argc, char** argv) {
       return 1;
     }
 
+    if (::getgrnam(cfg->control.group.c_str()) == nullptr)
+      sys::logf(sys::Level::warning,
+                "control.group '{}' does not exist on this host: only root may deploy, cancel, verify or delete",
+                cfg->control.group);
     control::Options copt;
     copt.socket_path = cfg->daemon.socket;
     copt.group = cfg->control.group;

@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 #include <span>
@@ -38,6 +39,25 @@ Environment environment_from_process() {
   if (const char* v = std::getenv("HF_ENDPOINT"); v != nullptr && *v != '\0') env.hf_endpoint = v;
   return env;
 }
+
+namespace {
+// The "{word}" sequences of `arg` that are not one of expand_command's placeholders; a typo such
+// as "{modeldir}" would otherwise reach the server as it is and fail only at launch.
+std::vector<std::string> unknown_placeholders(std::string_view arg) {
+  static constexpr std::string_view known[] = {"{model_dir}", "{name}", "{served_name}", "{port}"};
+  std::vector<std::string> out;
+  for (std::size_t open = arg.find('{'); open != std::string_view::npos; open = arg.find('{', open + 1)) {
+    auto close = arg.find('}', open);
+    if (close == std::string_view::npos) break;
+    auto word = arg.substr(open, close - open + 1);
+    bool is_word = word.size() > 2;
+    for (char c : word.substr(1, word.size() - 2))
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) is_word = false;
+    if (is_word && std::find(std::begin(known), std::end(known), word) == std::end(known)) out.emplace_back(word);
+  }
+  return out;
+}
+}  // namespace
 
 std::vector<std::string> expand_command(const ModelConfig& model, const fs::path& model_dir) {
   const std::pair<std::string_view, std::string> values[] = {
@@ -312,6 +332,18 @@ class Checker {
     return true;
   }
 
+  // A path to a file modeld reads at start or launch (token, CA bundle, API key): a missing one
+  // is a problem now rather than a daemon that refuses to start or a launch that fails later.
+  void read_existing_file(const toml::table& t, std::string_view key, const std::string& name, fs::path& out) {
+    if (!read_path(t, key, name, out, true) || out.empty()) return;
+    std::error_code ec;
+    auto st = fs::status(out, ec);
+    if (ec || !fs::exists(st))
+      problem(t.get(key)->source(), fmt::format("{} names {}, which does not exist", name, out.string()));
+    else if (!fs::is_regular_file(st))
+      problem(t.get(key)->source(), fmt::format("{} names {}, which is not a regular file", name, out.string()));
+  }
+
   // A size: a string such as "20GiB" or an integer count of bytes.
   bool read_size(const toml::table& t, std::string_view key, const std::string& name, std::uint64_t& out) {
     const toml::node* node = t.get(key);
@@ -421,10 +453,10 @@ class Checker {
     } else if (t.contains("endpoint")) {
       endpoint_set = true;  // present but wrong: already a problem; the environment must not mask it
     }
-    read_path(t, "token_file", "hub.token_file", out.token_file, true);
+    read_existing_file(t, "token_file", "hub.token_file", out.token_file);
     read_int(t, "parallel_files", "hub.parallel_files", out.parallel_files, 1, 64);
     read_size(t, "max_bytes_per_s", "hub.max_bytes_per_s", out.max_bytes_per_s);
-    read_path(t, "ca_file", "hub.ca_file", out.ca_file, true);
+    read_existing_file(t, "ca_file", "hub.ca_file", out.ca_file);
     return endpoint_set;
   }
 
@@ -450,6 +482,12 @@ class Checker {
         problem(t.get("command")->source(), fmt::format("{}.command must not be empty", prefix));
       else if (out.command.front().empty())
         problem(t.get("command")->source(), fmt::format("{}.command[0], the program, must not be empty", prefix));
+      for (const auto& arg : out.command)
+        for (const auto& ph : unknown_placeholders(arg))
+          problem(t.get("command")->source(),
+                  fmt::format("{}.command: unknown placeholder {} in \"{}\" (known: {{model_dir}}, {{name}}, "
+                              "{{served_name}}, {{port}})",
+                              prefix, ph, arg));
     }
     read_int(t, "port", prefix + ".port", out.port, 1, 65535);
     if (read(t, "served_name", prefix + ".served_name", out.served_name) && out.served_name.empty())
@@ -482,7 +520,7 @@ class Checker {
                 fmt::format("{}.{} must be an HTTP path starting with '/', got \"{}\"", prefix, key, value));
     }
     read(t, "completion", prefix + ".completion", out.completion);
-    read_path(t, "api_key_file", prefix + ".api_key_file", out.api_key_file, true);
+    read_existing_file(t, "api_key_file", prefix + ".api_key_file", out.api_key_file);
     read_duration(t, "stall_timeout", prefix + ".stall_timeout", out.stall_timeout);
     read_duration(t, "watch_interval", prefix + ".watch_interval", out.watch_interval);
     read_int(t, "watch_failures", prefix + ".watch_failures", out.watch_failures, 1, 1000);

@@ -328,6 +328,9 @@ void Deployer::finish(Running& r, State state, std::optional<Error> error) {
   d.state = state;
   d.error = std::move(error);
   d.finished_at = util::rfc3339(std::chrono::system_clock::now());
+  // Nothing moves any more: a rate or an ETA would mislead whoever reads the record later.
+  d.progress.rate_bytes_per_s = 0;
+  d.progress.eta_s.reset();
   persist(d);
   sys::Fields f = r.run->fields();
   f.state = std::string(to_string(state));

@@ -154,11 +154,10 @@ class SystemdManager final : public ServiceManager {
  public:
   SystemdManager(asio::any_io_executor executor, std::filesystem::path unit_dir)
       : executor_(std::move(executor)), unit_dir_(std::move(unit_dir)) {
-    std::packaged_task<int()> open([this] { return sd_bus_open_system(&bus_); });
+    std::packaged_task<Result<void>()> open([this] { return ensure_open(); });
     auto opened = open.get_future();
     asio::post(pool_, std::move(open));
-    if (int r = opened.get(); r < 0)
-      throw std::runtime_error(fmt::format("cannot connect to the system bus: {}", std::strerror(-r)));
+    if (auto r = opened.get(); !r) throw std::runtime_error(r.error().message);
   }
 
   ~SystemdManager() override {
@@ -218,7 +217,14 @@ class SystemdManager final : public ServiceManager {
         pool_,
         [this, work = std::move(work)]() -> asio::awaitable<Result<T>> {
           if (auto r = ensure_open(); !r) co_return r.error();
-          co_return work(bus_);
+          auto result = work(bus_);
+          // The bus daemon may have dropped the connection since the last call (restarted, or
+          // systemd re-executed): reconnect and try once more rather than fail a deployment.
+          if (!result && sd_bus_is_open(bus_) <= 0) {
+            if (auto r = ensure_open(); !r) co_return r.error();
+            result = work(bus_);
+          }
+          co_return result;
         },
         asio::use_awaitable);
   }
@@ -232,6 +238,17 @@ class SystemdManager final : public ServiceManager {
       bus_ = nullptr;
       return make_error(Errc::unit_failed,
                         fmt::format("cannot connect to the system bus: {}", std::strerror(-r)));
+    }
+    // sd_bus_open_system() only starts the handshake; a connection left idle before it completes
+    // is closed by dbus-daemon after its auth_timeout (30 s), so complete it now with a call
+    // every client may make (GetId on the bus driver).
+    BusError err;
+    Reply reply;
+    if (int r = sd_bus_call_method(bus_, "org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                   "GetId", &err.e, &reply.m, "");
+        r < 0) {
+      bus_ = sd_bus_flush_close_unref(bus_);
+      return bus_error("the system bus", "GetId", r, err.e);
     }
     return {};
   }

@@ -150,3 +150,12 @@ def test_a_deploy_while_one_runs_is_refused_with_409(env):
     wait_for("the slow deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
     assert env.status()["deployment"]["state"] in ("cancelled", "rolled_back")
     assert env.status()["active"]["model"] == "model-b"
+
+
+def test_a_restarted_system_bus_does_not_break_the_next_deployment(env):
+    # dbus-daemon going away (an upgrade restarts it) drops modeld's bus connection; the next
+    # call must reconnect instead of failing the deployment in phase launching.
+    env.systemd.run(["systemctl", "restart", "dbus.service"], check=True)
+    r = env.modelctl("deploy", "model-a", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert env.status()["active"]["model"] == "model-a"

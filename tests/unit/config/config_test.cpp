@@ -1,6 +1,7 @@
 #include "config/config.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -468,4 +469,41 @@ TEST_CASE("expand_command fills placeholders anywhere inside each argument") {
 TEST_CASE("problems print as FILE:LINE:COL: message") {
   Problem p{"/etc/modeld/modeld.toml", 12, 5, "unknown key 'x' in [hub]"};
   CHECK(p.to_string() == "/etc/modeld/modeld.toml:12:5: unknown key 'x' in [hub]");
+}
+
+TEST_CASE("files modeld must read later are checked to exist now") {
+  TempDir dir;
+  fs::path token = dir.write("hf-token", "hf_x\n");
+  fs::path main = dir.write("modeld.toml", fmt::format("[hub]\ntoken_file = \"{}\"\nca_file = \"{}\"\n",
+                                                       token.string(), (dir.path / "missing-ca.pem").string()));
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].line == 3);
+  CHECK(r.problems[0].message.find("hub.ca_file") != std::string::npos);
+  CHECK(r.problems[0].message.find("does not exist") != std::string::npos);
+
+  fs::path dir_as_key = dir.write("m.toml", fmt::format(R"([models.m]
+repo = "org/m"
+[models.m.serve]
+command = ["server"]
+[models.m.health]
+api_key_file = "{}"
+)",
+                                                          dir.path.string()));
+  LoadResult r2 = load(dir_as_key, Environment{});
+  REQUIRE(find_problem(r2, "not a regular file"));
+}
+
+TEST_CASE("a misspelt placeholder in the serve command is refused") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", R"([models.m]
+repo = "org/m"
+[models.m.serve]
+command = ["vllm", "serve", "{modeldir}", "--port", "{port}", "--override", "{\"a\": 1}"]
+)");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].message.find("unknown placeholder {modeldir}") != std::string::npos);
+  CHECK(r.problems[0].line == 4);
 }
