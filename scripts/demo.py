@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-from modeld_env import ModeldEnv, free_port, model_table  # noqa: E402
+from modeld_env import ModeldEnv, completion, free_port, model_table  # noqa: E402
 from nsystemd import unsupported_reason  # noqa: E402
 
 
@@ -57,13 +55,8 @@ def main() -> int:
         subprocess.run([str(env.modelctl_bin), "--socket", str(env.socket), "models"])
 
         say(f"asking tiny-chat-2 for a completion on port {pb}")
-        req = urllib.request.Request(f"http://127.0.0.1:{pb}/v1/completions",
-                                     data=json.dumps({"model": "tiny-chat-2", "prompt": "Hello, GPU host",
-                                                      "max_tokens": 8}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            answer = json.loads(resp.read())
-        print(f"prompt: 'Hello, GPU host' -> completion: {answer['choices'][0]['text']!r}")
+        text = completion(pb, "tiny-chat-2", prompt="Hello, GPU host", max_tokens=8)
+        print(f"prompt: 'Hello, GPU host' -> completion: {text!r}")
 
         say("the journal of the second deployment (MODELD_PHASE per line)")
         for e in env.journal("SYSLOG_IDENTIFIER=modeld", "MODELD_MODEL=tiny-chat-2"):

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +37,16 @@ sys.path.insert(0, str(FIXTURES))
 from nsystemd import NamespacedSystemd  # noqa: E402
 from waiting import wait_for  # noqa: E402,F401 - re-exported for tests
 import make_checkpoint  # noqa: E402
+
+
+def completion(port: int, model: str, prompt: str = "Hello", max_tokens: int = 4) -> str:
+    """Asks the server on 127.0.0.1:`port` for a completion; returns its text (raises on errors)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps({"model": model, "prompt": prompt,
+                                                  "max_tokens": max_tokens}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["choices"][0]["text"]
 
 
 def free_port() -> int:

@@ -4,13 +4,11 @@ from the bundled hub, with the stand-in inference server; then refuses bad reque
 from __future__ import annotations
 
 import filecmp
-import json
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from modeld_env import ModeldEnv, free_port, model_table, wait_for
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 PHASES = ["planning", "freeing_disk", "downloading", "verifying", "stopping_old", "launching",
@@ -36,14 +34,6 @@ def env(tmp_path_factory):
         e.stop()
 
 
-def completion(port: int, model: str) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                 data=json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
 def files_of(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                   if p.is_file() and ".modeld" not in p.parts and ".hub" not in p.parts)
@@ -56,7 +46,7 @@ def test_deploying_a_first_model_makes_it_active_and_answering(env):
     assert st["active"]["model"] == "model-a"
     assert st["deployment"]["state"] == "succeeded"
     assert env.unit_state("modeld-serve@model-a.service") == "active"
-    assert completion(env.ports["model-a"], "model-a")["choices"][0]["text"]
+    assert completion(env.ports["model-a"], "model-a")
 
 
 def test_deploying_a_second_model_replaces_the_first(env):
@@ -97,7 +87,7 @@ def test_deploying_a_second_model_replaces_the_first(env):
         assert filecmp.cmp(served / name, repo / name, shallow=False), name
 
     # B answers a completion.
-    assert completion(env.ports["model-b"], "model-b")["choices"][0]["text"]
+    assert completion(env.ports["model-b"], "model-b")
 
     # Every phase wrote a journal line with MODELD_PHASE for this deployment.
     lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep['id']}")
@@ -117,7 +107,7 @@ def test_restarting_modeld_leaves_the_model_serving(env):
     pid_after = env.systemd.run(["systemctl", "show", "-p", "MainPID", "--value",
                                  "modeld-serve@model-b.service"], check=True).stdout.strip()
     assert pid_before == pid_after != "0"
-    assert completion(env.ports["model-b"], "model-b")["choices"][0]["text"]
+    assert completion(env.ports["model-b"], "model-b")
 
 
 def test_a_daemon_start_starts_the_active_model_if_it_is_not_running(env):

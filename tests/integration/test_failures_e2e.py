@@ -5,11 +5,10 @@ keeps serving), and a plan that cannot fit on the disk (refused before any byte 
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 
-from modeld_env import ModeldEnv, free_port, model_table, wait_for
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -43,14 +42,6 @@ def env(tmp_path_factory):
         e.stop()
 
 
-def answers(port: int, model: str) -> bool:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
-                                 data=json.dumps({"model": model, "prompt": "hi", "max_tokens": 1}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return bool(json.loads(r.read())["choices"][0]["text"])
-
-
 def test_a_new_model_that_dies_at_start_is_rolled_back_and_the_old_one_serves_again(env):
     r = env.modelctl("deploy", "broken", "--wait")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -62,7 +53,7 @@ def test_a_new_model_that_dies_at_start_is_rolled_back_and_the_old_one_serves_ag
     assert "modeld-serve@broken.service" in dep["error"]["message"]
     assert env.status()["active"]["model"] == "good"
     assert env.unit_state("modeld-serve@good.service") == "active"
-    assert answers(env.ports["good"], "good")
+    assert completion(env.ports["good"], "good")
     # The journal tells the story with the terminal state.
     lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep['id']}")
     assert any(e.get("MODELD_PHASE") == "rolling_back" for e in lines)
@@ -85,7 +76,7 @@ def test_an_html_page_instead_of_a_shard_is_never_promoted(env):
     assert not list(revision.glob("*.safetensors"))
     assert not (env.models_dir / "other").exists()
     assert env.status()["active"]["model"] == "good"
-    assert answers(env.ports["good"], "good")
+    assert completion(env.ports["good"], "good")
 
 
 def test_a_retry_after_the_hub_recovers_succeeds(env):
