@@ -109,7 +109,9 @@ asio::awaitable<void> Deployer::recover() {
   if (unfinished) {
     Phase first = Phase::planning;
     if (unfinished->phase == Phase::rolling_back) first = Phase::rolling_back;
-    else if (unfinished->old_stopped) first = Phase::launching;
+    // Stopping is idempotent ("nothing to stop" once inactive), and a stop cut short by the
+    // restart must finish before the new server may take the port and the GPUs.
+    else if (unfinished->old_stopped) first = Phase::stopping_old;
     sys::Fields f;
     f.deployment = unfinished->id;
     f.model = unfinished->model;
@@ -254,6 +256,9 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         break;
       }
       d.phase = p;
+      // From the moment StopUnit may have been sent, the old model may be down: any failure or
+      // cancel from here on must bring it back, so this is recorded before the phase runs.
+      if (p == Phase::stopping_old && d.previous_model) d.old_stopped = true;
       persist(d);
       emit("phase", d);
       announce_status();
@@ -270,10 +275,6 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
       if (!res) {
         failure = d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
         break;
-      }
-      if (p == Phase::stopping_old) {
-        d.old_stopped = true;
-        persist(d);
       }
       if (p == Phase::health_checking) {
         // The new model serves: record it before the optional benchmark.

@@ -56,7 +56,7 @@ struct Deployment {
   // Internal bookkeeping that lets a restarted daemon continue or roll back (also persisted).
   std::optional<std::string> previous_model;   ///< the model that served when it started
   std::optional<std::string> previous_commit;
-  bool old_stopped = false;                    ///< stopping_old completed: rollback is now needed on failure
+  bool old_stopped = false;                    ///< stopping_old began: a failure or cancel now rolls back
   bool cancel_requested = false;
 
   bool ended() const { return state != State::running; }

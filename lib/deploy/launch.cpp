@@ -46,7 +46,11 @@ std::string render_dropin(const config::ModelConfig& model, const std::filesyste
   out += "ExecStart=\nExecStart=";
   for (std::size_t i = 0; i < argv.size(); ++i) out += (i ? " " : "") + quote(argv[i]);
   out += "\n";
-  out += fmt::format("WorkingDirectory={}\n", quote(model_dir.string()));
+  // WorkingDirectory= takes the rest of the line as the path and no quotes (a quoted value makes
+  // systemd 252 drop the settings after it); only specifiers need escaping.
+  std::string dir;
+  for (char c : model_dir.string()) dir += c == '%' ? std::string("%%") : std::string(1, c);
+  out += fmt::format("WorkingDirectory={}\n", dir);
   for (const auto& [k, v] : model.serve.environment) out += "Environment=" + quote(k + "=" + v) + "\n";
   // modeld enforces startup_timeout itself (it can be hours), so systemd must not give up first.
   out += "TimeoutStartSec=infinity\n";

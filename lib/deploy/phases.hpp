@@ -91,6 +91,11 @@ boost::asio::awaitable<Result<void>> run_benchmarking(Services& s, Run& run);
 /// its readiness. Returns rollback_failed when the old service cannot be restored.
 boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, Run& run);
 
+/// How long to wait for a unit to become inactive after StopUnit: its stop_timeout (the
+/// drop-in's TimeoutStopSec=, after which systemd sends SIGKILL to the whole cgroup) plus a
+/// grace for that kill and the cgroup to empty, so modeld never gives up just before systemd acts.
+std::chrono::milliseconds stop_wait(std::chrono::milliseconds stop_timeout);
+
 /// Writes the drop-in of `model` (command, environment, working directory, timeouts) and
 /// returns its text; exposed for tests. Values are quoted per systemd.syntax(7).
 std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir);

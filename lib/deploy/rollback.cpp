@@ -14,7 +14,7 @@ boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, Run& run) {
   sys::logf(sys::Level::warning, run.fields(), "stopping {}", new_unit);
   if (auto r = co_await s.units.stop(new_unit); !r)
     co_return make_error(Errc::rollback_failed, "could not stop the new service: " + r.error().message);
-  if (auto r = co_await units::wait_inactive(s.units, new_unit, stop_timeout); !r)
+  if (auto r = co_await units::wait_inactive(s.units, new_unit, stop_wait(stop_timeout)); !r)
     co_return make_error(Errc::rollback_failed, "the new service did not stop: " + r.error().message);
 
   if (!run.previous) co_return make_error(Errc::rollback_failed, "no model served before: nothing to restore");

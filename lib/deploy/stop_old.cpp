@@ -6,6 +6,10 @@
 
 namespace modeld::deploy {
 
+std::chrono::milliseconds stop_wait(std::chrono::milliseconds stop_timeout) {
+  return stop_timeout + std::chrono::seconds(15);
+}
+
 boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
   if (!run.previous) {
     sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model is active");
@@ -23,7 +27,7 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
   sys::logf(sys::Level::info, run.fields(), "stopping {} (model {}), waiting up to {}", unit, run.previous->model,
             util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(timeout)));
   if (auto r = co_await s.units.stop(unit); !r) co_return r.error();
-  if (auto r = co_await units::wait_inactive(s.units, unit, timeout); !r) co_return r.error();
+  if (auto r = co_await units::wait_inactive(s.units, unit, stop_wait(timeout)); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "{} stopped", unit);
   co_return Result<void>{};
 }

@@ -47,6 +47,12 @@ def test_deploying_a_first_model_makes_it_active_and_answering(env):
     assert st["deployment"]["state"] == "succeeded"
     assert env.unit_state("modeld-serve@model-a.service") == "active"
     assert completion(env.ports["model-a"], "model-a")
+    # systemd took every setting of modeld's drop-in.
+    props = env.systemd.run(["systemctl", "show", "-p", "WorkingDirectory,TimeoutStopUSec,TimeoutStartUSec,KillMode",
+                             "modeld-serve@model-a.service"], check=True).stdout.split()
+    assert f"WorkingDirectory={env.models_dir / 'model-a'}" in props
+    assert "TimeoutStopUSec=30s" in props and "TimeoutStartUSec=infinity" in props
+    assert "KillMode=control-group" in props
 
 
 def test_deploying_a_second_model_replaces_the_first(env):

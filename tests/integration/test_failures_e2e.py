@@ -25,14 +25,19 @@ def env(tmp_path_factory):
     e.add_repo("acme/other", shards=3, shard_size=200_000, seed=13)
     e.add_repo("acme/fresh", shards=2, shard_size=200_000, seed=14)
     e.add_repo("acme/big", shards=2, shard_size=3_000_000, seed=15)
+    e.add_repo("acme/stubborn", shards=1, shard_size=100_000, seed=16)
     e.ports = {"good": free_port(), "broken": free_port(), "other": free_port(), "fresh": free_port(),
-               "big": free_port()}
+               "big": free_port(), "stubborn": free_port()}
     e.tables = (model_table("good", "acme/good", e.ports["good"])
                 # Starts, then exits 1 at once: what a server does on a bad flag or a CUDA error.
                 + model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
                 + model_table("other", "acme/other", e.ports["other"])
                 + model_table("fresh", "acme/fresh", e.ports["fresh"])
-                + model_table("big", "acme/big", e.ports["big"]))
+                + model_table("big", "acme/big", e.ports["big"])
+                # Ignores SIGTERM, as a server stuck in a CUDA call does: stopping it takes the
+                # whole stop_timeout, after which systemd kills it.
+                + model_table("stubborn", "acme/stubborn", e.ports["stubborn"], serve_args=["--ignore-sigterm"],
+                              stop_timeout="3s"))
     try:
         e.start(e.tables)
         r = e.modelctl("deploy", "good", "--wait")
@@ -110,6 +115,23 @@ def test_a_download_interrupted_by_a_daemon_restart_resumes_where_it_stopped(env
     assert any(r.startswith("bytes=") and not r.startswith("bytes=0-") for r in ranges), ranges
     lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")
     assert any("continuing deployment" in e.get("MESSAGE", "") for e in lines)
+
+
+def test_a_cancel_while_the_old_model_is_stopping_brings_it_back(env):
+    r = env.modelctl("deploy", "stubborn", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    started = env.modelctl("--json", "deploy", "good")
+    assert started.returncode == 0, started.stdout + started.stderr
+    dep_id = json.loads(started.stdout)["id"]
+    wait_for("the deployment to reach stopping_old",
+             lambda: env.status()["deployment"]["phase"] == "stopping_old", timeout=60)
+    assert env.modelctl("cancel").returncode == 0
+    wait_for("the deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
+    dep = env.status()["deployment"]
+    assert dep["id"] == dep_id
+    assert dep["state"] == "rolled_back", dep
+    assert env.status()["active"]["model"] == "stubborn"
+    wait_for("stubborn to answer again", lambda: completion(env.ports["stubborn"], "stubborn"), timeout=60)
 
 
 def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):

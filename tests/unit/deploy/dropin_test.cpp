@@ -21,5 +21,13 @@ TEST_CASE("the drop-in fills the command's placeholders and quotes for systemd")
   CHECK(text.find("Environment=\"NCCL_DEBUG=WARN\"") != std::string::npos);
   CHECK(text.find("TimeoutStopSec=300s") != std::string::npos);
   CHECK(text.find("TimeoutStartSec=infinity") != std::string::npos);
-  CHECK(text.find("WorkingDirectory=\"/var/lib/modeld/models/kimi-k2-5\"") != std::string::npos);
+  CHECK(text.find("WorkingDirectory=/var/lib/modeld/models/kimi-k2-5\n") != std::string::npos);
+}
+
+TEST_CASE("the working directory is written unquoted with percent signs escaped") {
+  config::ModelConfig m;
+  m.name = "m";
+  m.serve.command = {"srv"};
+  auto text = deploy::render_dropin(m, "/srv/models 100%/m");
+  CHECK(text.find("WorkingDirectory=/srv/models 100%%/m\n") != std::string::npos);
 }
