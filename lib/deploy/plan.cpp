@@ -7,8 +7,64 @@
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
 
 namespace modeld::deploy {
+
+namespace {
+
+// Reads every safetensors index the plan keeps (a few kB each) and checks, before any shard is
+// downloaded, that each shard it names is in the repository's listing and passes the filters:
+// otherwise a 600 GB download would end in verifying, or in the server's load, with a missing
+// shard.
+boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const config::ModelConfig& model,
+                                                        const hub::Snapshot& all, const hub::Snapshot& kept) {
+  std::set<std::string> listed, passed;
+  for (const auto& f : all.files) listed.insert(f.path);
+  for (const auto& f : kept.files) passed.insert(f.path);
+  for (const auto& index : kept.files) {
+    if (!index.path.ends_with(".safetensors.index.json")) continue;
+    auto url = s.hub.resolve_url(all.repo, all.commit, index.path);
+    if (!url) co_return url.error();
+    http::Request req;
+    req.url = *url;
+    auto resp = co_await s.hub_client.request(req, 64u << 20);
+    if (!resp) co_return resp.error();
+    if (resp->head.status != 200)
+      co_return hub::Hub::error_from_response(resp->head, fmt::format("reading {} of {}", index.path, all.repo));
+    auto j = nlohmann::json::parse(resp->body, nullptr, false);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      co_return make_error(Errc::checkpoint_incomplete,
+                           fmt::format("{} of {} at {} has no weight_map object", index.path, all.repo, all.commit));
+    const auto slash = index.path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "" : index.path.substr(0, slash + 1);
+    std::set<std::string> absent, filtered;
+    for (const auto& [tensor, shard] : j["weight_map"].items()) {
+      if (!shard.is_string()) continue;
+      const std::string path = dir + shard.get<std::string>();
+      if (!listed.contains(path)) absent.insert(path);
+      else if (!passed.contains(path)) filtered.insert(path);
+    }
+    auto join = [](const std::set<std::string>& v) {
+      std::string out;
+      for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+      return out;
+    };
+    if (!absent.empty())
+      co_return make_error(Errc::checkpoint_incomplete,
+                           fmt::format("{} of {} at {} names shards the repository does not have: {}", index.path,
+                                       all.repo, all.commit, join(absent)));
+    if (!filtered.empty())
+      co_return make_error(Errc::plan_invalid,
+                           fmt::format("model {}: include/exclude filter out shards that {} names: {} (set in {})",
+                                       model.name, index.path, join(filtered), model.source_file.string()));
+  }
+  co_return Result<void>{};
+}
+
+}  // namespace
 
 boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   auto& rec = run.record;
@@ -34,6 +90,8 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   if (kept.files.empty())
     co_return make_error(Errc::plan_invalid, fmt::format("model {}: no file of {} at {} passes include/exclude",
                                                          run.model.name, run.model.repo, snap->commit));
+
+  if (auto r = co_await check_index_shards(s, run.model, *snap, kept); !r) co_return r.error();
 
   rec.commit = snap->commit;
   if (auto r = s.store.prepare_revision(run.model.name, snap->commit); !r) co_return r.error();

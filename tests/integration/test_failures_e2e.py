@@ -1,6 +1,8 @@
 """End to end, things going wrong: a new model that cannot start after the old one was stopped
 (rolled back), a hub answering an HTML page instead of a shard (nothing promoted, the old model
-keeps serving), and a plan that cannot fit on the disk (refused before any byte is fetched)."""
+keeps serving), a shard the index names but the repository lacks and a plan that cannot fit
+on the disk (both refused before any shard is fetched), a cancel while the old model stops,
+and a restart in the middle of a download."""
 
 from __future__ import annotations
 
@@ -26,8 +28,11 @@ def env(tmp_path_factory):
     e.add_repo("acme/fresh", shards=2, shard_size=200_000, seed=14)
     e.add_repo("acme/big", shards=2, shard_size=3_000_000, seed=15)
     e.add_repo("acme/stubborn", shards=1, shard_size=100_000, seed=16)
+    # A repository whose index names a shard that was never pushed.
+    holey = e.add_repo("acme/holey", shards=3, shard_size=100_000, seed=17)
+    (holey / "model-00002-of-00003.safetensors").unlink()
     e.ports = {"good": free_port(), "broken": free_port(), "other": free_port(), "fresh": free_port(),
-               "big": free_port(), "stubborn": free_port()}
+               "big": free_port(), "stubborn": free_port(), "holey": free_port()}
     e.tables = (model_table("good", "acme/good", e.ports["good"])
                 # Starts, then exits 1 at once: what a server does on a bad flag or a CUDA error.
                 + model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
@@ -37,7 +42,8 @@ def env(tmp_path_factory):
                 # Ignores SIGTERM, as a server stuck in a CUDA call does: stopping it takes the
                 # whole stop_timeout, after which systemd kills it.
                 + model_table("stubborn", "acme/stubborn", e.ports["stubborn"], serve_args=["--ignore-sigterm"],
-                              stop_timeout="3s"))
+                              stop_timeout="3s")
+                + model_table("holey", "acme/holey", e.ports["holey"]))
     try:
         e.start(e.tables)
         r = e.modelctl("deploy", "good", "--wait")
@@ -45,6 +51,12 @@ def env(tmp_path_factory):
         yield e
     finally:
         e.stop()
+
+
+def downloads(env) -> int:
+    """Requests for file contents so far (planning reads only the small safetensors index)."""
+    return len([x for x in env.hub.requests()
+                if x["origin"] == "cdn" or ("/resolve/" in x["path"] and ".index.json" not in x["path"])])
 
 
 def test_a_new_model_that_dies_at_start_is_rolled_back_and_the_old_one_serves_again(env):
@@ -82,6 +94,18 @@ def test_an_html_page_instead_of_a_shard_is_never_promoted(env):
     assert not (env.models_dir / "other").exists()
     assert env.status()["active"]["model"] == "good"
     assert completion(env.ports["good"], "good")
+
+
+def test_a_shard_the_index_names_but_the_repository_lacks_fails_the_plan_before_downloading(env):
+    before = downloads(env)
+    r = env.modelctl("deploy", "holey", "--wait")
+    assert r.returncode == 1, r.stdout + r.stderr
+    dep = env.status()["deployment"]
+    assert dep["state"] == "failed" and dep["phase"] == "planning"
+    assert dep["error"]["code"] == "checkpoint_incomplete"
+    assert "model-00002-of-00003.safetensors" in dep["error"]["message"]
+    assert "model.safetensors.index.json" in dep["error"]["message"]
+    assert downloads(env) == before, "no shard may be downloaded"
 
 
 def test_a_retry_after_the_hub_recovers_succeeds(env):
@@ -140,14 +164,14 @@ def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     env.config.write_text(env.config.read_text().replace('disk_reserve = "0"', 'disk_reserve = "1000TB"'))
     env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
     wait_for("modeld after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
-    before = len([x for x in env.hub.requests() if "/resolve/" in x["path"] or x["origin"] == "cdn"])
+    before = downloads(env)
     r = env.modelctl("deploy", "fresh", "--wait")
     assert r.returncode == 1, r.stdout + r.stderr
     dep = env.status()["deployment"]
     assert dep["state"] == "failed" and dep["phase"] == "freeing_disk"
     assert dep["error"]["code"] == "disk_full"
     assert "disk_reserve" in dep["error"]["message"]
-    after = len([x for x in env.hub.requests() if "/resolve/" in x["path"] or x["origin"] == "cdn"])
+    after = downloads(env)
     assert after == before, "no file may be downloaded for a plan that does not fit"
     assert env.status()["active"]["model"] == active_before
     # A model whose files are all on disk and verified needs no room: it deploys.
