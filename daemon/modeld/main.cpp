@@ -40,23 +40,20 @@ struct Token {
 };
 
 Result<Token> read_token(const config::Config& cfg) {
-  auto clean = [](std::string t) {
-    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
-    return t;
-  };
   if (!cfg.hub.token_file.empty()) {
-    auto t = util::read_file(cfg.hub.token_file, 64 * 1024);
+    auto t = util::read_secret_file(cfg.hub.token_file);
     if (!t) return make_error(Errc::config_invalid, "hub.token_file: " + t.error().message);
-    return Token{clean(*t), "token_file " + cfg.hub.token_file.string()};
+    return Token{*t, "token_file " + cfg.hub.token_file.string()};
   }
   if (const char* dir = std::getenv("CREDENTIALS_DIRECTORY")) {
-    auto path = std::filesystem::path(dir) / "hf-token";
-    if (std::filesystem::exists(path)) {
-      auto t = util::read_file(path, 64 * 1024);
-      if (t && !clean(*t).empty()) return Token{clean(*t), "credential hf-token"};
-    }
+    auto t = util::read_secret_file(std::filesystem::path(dir) / "hf-token");
+    if (t && !t->empty()) return Token{*t, "credential hf-token"};
   }
-  if (const char* env = std::getenv("HF_TOKEN"); env && *env) return Token{clean(env), "$HF_TOKEN"};
+  if (const char* env = std::getenv("HF_TOKEN"); env && *env) {
+    std::string t = env;
+    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+    return Token{t, "$HF_TOKEN"};
+  }
   return Token{"", "none"};
 }
 

@@ -11,12 +11,9 @@ namespace modeld::deploy {
 Result<void> read_api_key(const config::ModelConfig& model, std::optional<std::string>& key) {
   key.reset();
   if (model.health.api_key_file.empty()) return {};
-  auto text = util::read_file(model.health.api_key_file, 4096);
-  if (!text) return make_error(Errc::io_error, "cannot read api_key_file of model " + model.name + ": " + text.error().message);
-  std::string k = *text;
-  while (!k.empty() && (k.back() == '\n' || k.back() == '\r' || k.back() == ' ')) k.pop_back();
-  if (auto nl = k.find('\n'); nl != std::string::npos) k.resize(nl);
-  key = k;
+  auto k = util::read_secret_file(model.health.api_key_file);
+  if (!k) return make_error(Errc::io_error, "cannot read api_key_file of model " + model.name + ": " + k.error().message);
+  key = std::move(*k);
   return {};
 }
 

@@ -2,28 +2,15 @@
 #include "deploy/phases.hpp"
 
 #include "store/store.hpp"
+#include "util/on_pool.hpp"
 #include "util/text.hpp"
 #include "util/units.hpp"
 #include "verify/verify.hpp"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/use_awaitable.hpp>
 
 #include <thread>
 
 namespace modeld::deploy {
-
-namespace {
-
-// Runs `fn` on the disk pool and resumes on the caller's executor with its result.
-template <class Fn>
-boost::asio::awaitable<std::invoke_result_t<Fn>> on_pool(boost::asio::thread_pool& pool, Fn fn) {
-  co_return co_await boost::asio::co_spawn(
-      pool, [fn = std::move(fn)]() -> boost::asio::awaitable<std::invoke_result_t<Fn>> { co_return fn(); },
-      boost::asio::use_awaitable);
-}
-
-}  // namespace
 
 boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run) {
   const auto& snap = *run.snapshot;
@@ -41,7 +28,7 @@ boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run) {
     if (!run.fetched.contains(f.path)) unhashed.push_back(f);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
 
-  auto report = co_await on_pool(s.disk_pool, [&] {
+  auto report = co_await util::on_pool<verify::Report>(s.disk_pool, [&] {
     verify::Report r = verify::check_hashes(dir, unhashed, cores);
     auto structure = verify::check_structure(dir, snap.files);
     r.problems.insert(r.problems.end(), structure.problems.begin(), structure.problems.end());

@@ -7,6 +7,7 @@
 
 #include "fetch/partial.hpp"
 #include "sys/log.hpp"
+#include "util/on_pool.hpp"
 #include "util/text.hpp"
 #include "verify/hash.hpp"
 
@@ -38,25 +39,6 @@ using Clock = std::chrono::steady_clock;
 using asio::awaitable;
 
 namespace {
-
-// Runs `f` (blocking: disk or hashing) on `pool` and resumes the awaiting coroutine on its own
-// executor with f's result. The posted-back handler tracks outstanding work, so the io_context
-// does not run out of work while the pool is busy. The job itself cannot be interrupted; jobs are
-// kept to one block (a few MiB), so a cancellation waits at most for one of them.
-template <class R, class F>
-awaitable<R> on_pool(asio::thread_pool& pool, F f) {
-  co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(R)>(
-      [&pool](auto handler, F fn) {
-        auto ex = asio::prefer(asio::get_associated_executor(handler), asio::execution::outstanding_work.tracked);
-        asio::post(pool, [handler = std::move(handler), fn = std::move(fn), ex]() mutable {
-          R r = fn();
-          asio::post(ex, [handler = std::move(handler), r = std::move(r)]() mutable {
-            std::move(handler)(std::move(r));
-          });
-        });
-      },
-      asio::use_awaitable, std::move(f));
-}
 
 bool retryable(Errc c) { return c == Errc::network_error || c == Errc::timeout || c == Errc::hub_unavailable; }
 
@@ -280,7 +262,7 @@ class FileTask {
   // Opens the partial; bytes kept from an earlier run are re-hashed from disk (never downloaded
   // again), a block at a time so a cancellation is noticed between blocks.
   awaitable<Result<void>> open() {
-    auto opened = co_await on_pool<Result<std::uint64_t>>(s_.pool, [this] { return part_.open(); });
+    auto opened = co_await util::on_pool<Result<std::uint64_t>>(s_.pool, [this] { return part_.open(); });
     if (!opened) co_return opened.error();
     hasher_.emplace(kind_, file_.size);
     prefix_.clear();
@@ -290,7 +272,7 @@ class FileTask {
     std::vector<char>& block = buf_;
     block.resize(s_.block_size);
     while (on_disk_ < have) {
-      auto n = co_await on_pool<Result<std::size_t>>(s_.pool, [&]() -> Result<std::size_t> {
+      auto n = co_await util::on_pool<Result<std::size_t>>(s_.pool, [&]() -> Result<std::size_t> {
         auto want = std::min<std::uint64_t>(block.size(), have - on_disk_);
         auto r = part_.read_at(on_disk_, std::span<char>(block.data(), want));
         if (r && *r > 0) hasher_->update(std::span<const char>(block.data(), *r));
@@ -311,7 +293,7 @@ class FileTask {
   }
 
   awaitable<void> discard() {
-    co_await on_pool<int>(s_.pool, [this] {
+    co_await util::on_pool<int>(s_.pool, [this] {
       part_.discard();
       return 0;
     });
@@ -464,7 +446,7 @@ class FileTask {
   // Writes the buffered block at the end of the partial and hashes it, on the pool.
   awaitable<Result<void>> flush() {
     if (buf_.empty() && !truncate_pending_) co_return Result<void>{};
-    auto r = co_await on_pool<Result<void>>(s_.pool, [this]() -> Result<void> {
+    auto r = co_await util::on_pool<Result<void>>(s_.pool, [this]() -> Result<void> {
       if (truncate_pending_) {
         if (auto t = part_.truncate(0); !t) return t;
       }
@@ -482,7 +464,7 @@ class FileTask {
   // All bytes are on disk: fsync, compare with the listing, then promote or discard.
   awaitable<Result<Fetched>> finish() {
     if (auto r = co_await flush(); !r) co_return r.error();
-    if (auto r = co_await on_pool<Result<void>>(s_.pool, [this] { return part_.sync(); }); !r) co_return r.error();
+    if (auto r = co_await util::on_pool<Result<void>>(s_.pool, [this] { return part_.sync(); }); !r) co_return r.error();
     std::string actual = hasher_->hex();
     hasher_.reset();
     if (actual != expected_) {
@@ -492,7 +474,7 @@ class FileTask {
                            fmt::format("{}: {} is {} but the listing says {}{}", file_.path, kind_name(kind_), actual,
                                        expected_, what.empty() ? "" : "; what arrived is " + what));
     }
-    if (auto r = co_await on_pool<Result<void>>(s_.pool, [this] { return part_.promote(); }); !r) co_return r.error();
+    if (auto r = co_await util::on_pool<Result<void>>(s_.pool, [this] { return part_.promote(); }); !r) co_return r.error();
     ++s_.progress.counters().files_done;
     s_.progress.report(false);
     co_return Fetched{file_.path, file_.size, actual};

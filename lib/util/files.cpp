@@ -92,4 +92,13 @@ Result<std::string> read_file(const std::filesystem::path& path, std::size_t max
   return out;
 }
 
+Result<std::string> read_secret_file(const std::filesystem::path& path) {
+  auto text = read_file(path, 64 * 1024);
+  if (!text) return text.error();
+  std::string s = std::move(*text);
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  while (!s.empty() && (s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
+  return s;
+}
+
 }  // namespace modeld::util

@@ -19,6 +19,10 @@ Result<void> write_file_atomically(const std::filesystem::path& path, std::strin
 /// it does not exist.
 Result<std::string> read_file(const std::filesystem::path& path, std::size_t max_bytes = 64u << 20);
 
+/// Reads a secret kept in a file of at most 64 KiB (a token, an API key): its first line without
+/// trailing whitespace. Errors name the path, never the content.
+Result<std::string> read_secret_file(const std::filesystem::path& path);
+
 /// fsyncs the directory `dir`, making a rename or unlink inside it durable; returns io_error.
 Result<void> fsync_directory(const std::filesystem::path& dir);
 

@@ -198,6 +198,13 @@ Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
         return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
                               capture_output=True, text=True, timeout=timeout)
 
+    def deploy_and_wait(self, model: str, expect_exit: int = 0) -> dict:
+        """Runs `modelctl deploy MODEL --wait`, checks its exit code, and returns the deployment
+        as the daemon reports it afterwards."""
+        r = self.modelctl("deploy", model, "--wait")
+        assert r.returncode == expect_exit, f"exit {r.returncode}, expected {expect_exit}:\n{r.stdout}{r.stderr}"
+        return self.status()["deployment"]
+
     def status(self) -> dict:
         r = self.modelctl("--json", "status")
         assert r.returncode == 0, r.stderr

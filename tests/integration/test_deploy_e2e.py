@@ -40,8 +40,7 @@ def files_of(folder: Path) -> list[str]:
 
 
 def test_deploying_a_first_model_makes_it_active_and_answering(env):
-    r = env.modelctl("deploy", "model-a", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
+    env.deploy_and_wait("model-a")
     st = env.status()
     assert st["active"]["model"] == "model-a"
     assert st["deployment"]["state"] == "succeeded"
@@ -56,8 +55,7 @@ def test_deploying_a_first_model_makes_it_active_and_answering(env):
 
 
 def test_deploying_a_second_model_replaces_the_first(env):
-    r = env.modelctl("deploy", "model-b", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
+    env.deploy_and_wait("model-b")
     st = env.status()
     assert st["active"]["model"] == "model-b"
     assert st["active"]["unit"] == "modeld-serve@model-b.service"
@@ -152,6 +150,5 @@ def test_a_restarted_system_bus_does_not_break_the_next_deployment(env):
     # dbus-daemon going away (an upgrade restarts it) drops modeld's bus connection; the next
     # call must reconnect instead of failing the deployment in phase launching.
     env.systemd.run(["systemctl", "restart", "dbus.service"], check=True)
-    r = env.modelctl("deploy", "model-a", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
+    env.deploy_and_wait("model-a")
     assert env.status()["active"]["model"] == "model-a"

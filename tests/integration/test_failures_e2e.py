@@ -46,8 +46,7 @@ def env(tmp_path_factory):
                 + model_table("holey", "acme/holey", e.ports["holey"]))
     try:
         e.start(e.tables)
-        r = e.modelctl("deploy", "good", "--wait")
-        assert r.returncode == 0, r.stdout + r.stderr
+        e.deploy_and_wait("good")
         yield e
     finally:
         e.stop()
@@ -60,9 +59,7 @@ def downloads(env) -> int:
 
 
 def test_a_new_model_that_dies_at_start_is_rolled_back_and_the_old_one_serves_again(env):
-    r = env.modelctl("deploy", "broken", "--wait")
-    assert r.returncode == 1, r.stdout + r.stderr
-    dep = env.status()["deployment"]
+    dep = env.deploy_and_wait("broken", 1)
     assert dep["model"] == "broken"
     assert dep["state"] == "rolled_back"
     assert dep["phase"] == "rolling_back"
@@ -98,9 +95,7 @@ def test_an_html_page_instead_of_a_shard_is_never_promoted(env):
 
 def test_a_shard_the_index_names_but_the_repository_lacks_fails_the_plan_before_downloading(env):
     before = downloads(env)
-    r = env.modelctl("deploy", "holey", "--wait")
-    assert r.returncode == 1, r.stdout + r.stderr
-    dep = env.status()["deployment"]
+    dep = env.deploy_and_wait("holey", 1)
     assert dep["state"] == "failed" and dep["phase"] == "planning"
     assert dep["error"]["code"] == "checkpoint_incomplete"
     assert "model-00002-of-00003.safetensors" in dep["error"]["message"]
@@ -109,8 +104,7 @@ def test_a_shard_the_index_names_but_the_repository_lacks_fails_the_plan_before_
 
 
 def test_a_retry_after_the_hub_recovers_succeeds(env):
-    r = env.modelctl("deploy", "other", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
+    env.deploy_and_wait("other")
     assert env.status()["active"]["model"] == "other"
 
 
@@ -142,8 +136,7 @@ def test_a_download_interrupted_by_a_daemon_restart_resumes_where_it_stopped(env
 
 
 def test_a_cancel_while_the_old_model_is_stopping_brings_it_back(env):
-    r = env.modelctl("deploy", "stubborn", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
+    env.deploy_and_wait("stubborn")
     started = env.modelctl("--json", "deploy", "good")
     assert started.returncode == 0, started.stdout + started.stderr
     dep_id = json.loads(started.stdout)["id"]
@@ -165,9 +158,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
     wait_for("modeld after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
     before = downloads(env)
-    r = env.modelctl("deploy", "fresh", "--wait")
-    assert r.returncode == 1, r.stdout + r.stderr
-    dep = env.status()["deployment"]
+    dep = env.deploy_and_wait("fresh", 1)
     assert dep["state"] == "failed" and dep["phase"] == "freeing_disk"
     assert dep["error"]["code"] == "disk_full"
     assert "disk_reserve" in dep["error"]["message"]
@@ -175,6 +166,5 @@ def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     assert after == before, "no file may be downloaded for a plan that does not fit"
     assert env.status()["active"]["model"] == active_before
     # A model whose files are all on disk and verified needs no room: it deploys.
-    r = env.modelctl("deploy", "good", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
+    env.deploy_and_wait("good")
     assert env.status()["active"]["model"] == "good"

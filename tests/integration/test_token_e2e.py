@@ -22,8 +22,7 @@ def test_the_token_reaches_the_hub_and_nothing_else(tmp_path):
     env.add_repo("acme/gated", shards=2, shard_size=300_000, seed=21)
     try:
         env.start(model_table("gated", "acme/gated", free_port()))
-        r = env.modelctl("deploy", "gated", "--wait")
-        assert r.returncode == 0, r.stdout + r.stderr
+        env.deploy_and_wait("gated")
 
         requests = env.hub.requests()
         hub = [x for x in requests if x["origin"] == "hub"]
