@@ -115,6 +115,12 @@ std::string status_text(const json& s, const Style& style) {
     const auto& pj = d["progress"];
     out += fmt::format("  Progress:  {} ({} of {} files)\n", p, uint(pj, "files_done"),
                        uint(pj, "files_total"));
+    if (pj.contains("files") && pj["files"].is_array())
+      for (const auto& f : pj["files"]) {
+        std::string line = fmt::format("    {}: {}", str(f, "path"), progress_line(f));
+        if (auto c = uint(f, "connections"); c > 1) line += fmt::format(" over {} connections", c);
+        out += line + "\n";
+      }
   }
   out += fmt::format("  Started:   {}\n", str(d, "started_at"));
   if (auto f = str(d, "finished_at", ""); !f.empty()) out += fmt::format("  Finished:  {}\n", f);

@@ -111,6 +111,16 @@ int main(int argc, char** argv) {
     hub_opts.auth_origin = endpoint->origin();
     hub_opts.bearer_token = token->value;
     hub_opts.ca_file = cfg->hub.ca_file;
+    hub_opts.read_timeout = cfg->hub.read_timeout;
+    // HTTPS_PROXY / http_proxy / NO_PROXY from the unit's environment (a drop-in sets them).
+    hub_opts.proxy = http::ProxyConfig::from_environment();
+    auto proxy = http::select_proxy(hub_opts.proxy, *endpoint);
+    if (!proxy) {
+      sys::log(sys::Level::error, {}, proxy.error().message);
+      return 1;
+    }
+    if (*proxy)
+      sys::logf(sys::Level::info, "reaching the Hub {} through the proxy {}", endpoint->origin(), (*proxy)->redacted());
     http::Client hub_client(io.get_executor(), hub_opts);
     http::ClientOptions local_opts;
     local_opts.connect_timeout = std::chrono::seconds(5);

@@ -104,7 +104,7 @@ constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
                                                                  "unit_dir", "disk_reserve"};
 constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
-                                                              "max_bytes_per_s", "ca_file"};
+                                                              "max_bytes_per_s", "ca_file", "read_timeout"};
 constexpr std::string_view kMetricsKeys[] = {"listen"};
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
@@ -457,6 +457,8 @@ class Checker {
     read_int(t, "parallel_files", "hub.parallel_files", out.parallel_files, 1, 64);
     read_size(t, "max_bytes_per_s", "hub.max_bytes_per_s", out.max_bytes_per_s);
     read_existing_file(t, "ca_file", "hub.ca_file", out.ca_file);
+    if (read_duration(t, "read_timeout", "hub.read_timeout", out.read_timeout) && out.read_timeout.count() < 100)
+      problem(t.get("read_timeout")->source(), "hub.read_timeout must be at least 100ms");
     return endpoint_set;
   }
 

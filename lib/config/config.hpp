@@ -35,6 +35,9 @@ struct HubConfig {
   unsigned parallel_files = 8;                        ///< files downloaded at once, 1..64
   std::uint64_t max_bytes_per_s = 0;                  ///< 0 = unlimited
   std::filesystem::path ca_file;                      ///< absolute; extra PEM bundle trusted besides the system store; empty: none
+  /// Longest wait for the next bytes of an answer (and for connect plus TLS handshake) before the
+  /// request is abandoned and retried; a stalled CDN connection costs at most this much.
+  milliseconds read_timeout = std::chrono::seconds(30);
 };
 
 /// [metrics]

@@ -385,18 +385,40 @@ void Deployer::on_progress(Running& r, const fetch::Progress& p) {
     d.progress.eta_s = static_cast<double>(p.bytes_total - p.bytes_done) / p.rate_bytes_per_s;
   else
     d.progress.eta_s.reset();
+  d.progress.files.clear();
+  for (const auto& f : p.files) {
+    FileProgress fp{f.path, f.bytes_done, f.bytes_total, f.rate_bytes_per_s, std::nullopt, f.connections};
+    if (f.rate_bytes_per_s > 0 && f.bytes_total >= f.bytes_done)
+      fp.eta_s = static_cast<double>(f.bytes_total - f.bytes_done) / f.rate_bytes_per_s;
+    d.progress.files.push_back(std::move(fp));
+  }
   emit("progress", d);
   auto now = Clock::now();
   if (now - r.last_status >= std::chrono::seconds(1)) {
     r.last_status = now;
     announce_status();
   }
-  // The journal gets at most one progress line every 10 s (the API and SSE get every update).
-  if (now - r.last_journal_progress >= std::chrono::seconds(10) || p.bytes_done == p.bytes_total) {
+  // The journal gets at most one progress line every 5 s (the API and SSE get every update),
+  // naming the files in flight so a stuck shard stands out.
+  if (now - r.last_journal_progress >= std::chrono::seconds(5) || p.bytes_done == p.bytes_total) {
     r.last_journal_progress = now;
     sys::Fields f = r.run->fields();
     f.extra.emplace_back("MODELD_BYTES", std::to_string(p.bytes_done));
-    sys::log(sys::Level::info, f, status_line());
+    std::string line = status_line();
+    std::string files;
+    for (std::size_t i = 0; i < d.progress.files.size(); ++i) {
+      const auto& fp = d.progress.files[i];
+      if (i == 4) {
+        files += fmt::format(", and {} more", d.progress.files.size() - i);
+        break;
+      }
+      files += fmt::format("{}{} {}%", files.empty() ? "" : ", ", fp.path,
+                           fp.bytes_total ? fp.bytes_done * 100 / fp.bytes_total : 100);
+      if (fp.rate_bytes_per_s > 0) files += " at " + util::format_rate(fp.rate_bytes_per_s);
+      if (fp.connections > 1) files += fmt::format(" over {} connections", fp.connections);
+    }
+    if (!files.empty()) line += "; in flight: " + files;
+    sys::log(sys::Level::info, f, line);
   }
 }
 

@@ -58,6 +58,22 @@ nlohmann::json error_json(const Error& e) {
   return {{"code", std::string(to_string(e.code))}, {"message", e.message}};
 }
 
+namespace {
+
+nlohmann::json files_json(const std::vector<FileProgress>& files) {
+  auto out = nlohmann::json::array();
+  for (const auto& f : files)
+    out.push_back({{"path", f.path},
+                   {"bytes_done", f.bytes_done},
+                   {"bytes_total", f.bytes_total},
+                   {"rate_bytes_per_s", f.rate_bytes_per_s},
+                   {"eta_s", f.eta_s ? nlohmann::json(*f.eta_s) : nlohmann::json(nullptr)},
+                   {"connections", f.connections}});
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json to_json(const Deployment& d, bool internal) {
   nlohmann::json j{
       {"id", d.id},
@@ -72,7 +88,8 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
         {"files_done", d.progress.files_done},
         {"files_total", d.progress.files_total},
         {"rate_bytes_per_s", d.progress.rate_bytes_per_s},
-        {"eta_s", opt(d.progress.eta_s)}}},
+        {"eta_s", opt(d.progress.eta_s)},
+        {"files", files_json(d.progress.files)}}},
       {"error", d.error ? error_json(*d.error) : nlohmann::json(nullptr)},
       {"started_at", d.started_at},
       {"finished_at", opt(d.finished_at)},

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 namespace modeld::deploy {
@@ -29,6 +30,16 @@ std::string_view to_string(State s) noexcept;
 std::optional<Phase> phase_from_string(std::string_view s) noexcept;
 std::optional<State> state_from_string(std::string_view s) noexcept;
 
+/// Progress of one file in flight, as the API reports it ("progress.files").
+struct FileProgress {
+  std::string path;
+  std::uint64_t bytes_done = 0;
+  std::uint64_t bytes_total = 0;
+  double rate_bytes_per_s = 0;
+  std::optional<double> eta_s;  ///< null until the file's rate is known
+  unsigned connections = 0;     ///< connections fetching parts of it now
+};
+
 /// Download progress as the API reports it: sizes in bytes, rate in bytes/s, ETA in seconds.
 struct Progress {
   std::uint64_t bytes_done = 0;
@@ -37,6 +48,7 @@ struct Progress {
   unsigned files_total = 0;
   double rate_bytes_per_s = 0;
   std::optional<double> eta_s;
+  std::vector<FileProgress> files;  ///< files in flight (downloading only; not persisted)
 };
 
 /// One deployment, running or ended.

@@ -1,7 +1,15 @@
-// The download engine. One coroutine per file slot (a "worker") takes files from a shared queue;
-// each file goes through FileTask: open (or continue) its partial file, download the missing
-// bytes with Range, write and hash them on the disk pool in large blocks, then check size and
-// digest and give the file its final name. Retries follow hub-protocol.md "Retries".
+// The download engine.
+//
+// A run has `parallel_files` connection slots ("workers", coroutines on the io_context). A worker
+// takes work in this order: a hole of a file that is already open (a resumed partial may have
+// several), the next file of the listing (opening its partial re-hashes the bytes kept from an
+// earlier run), else it splits the largest part still in flight and takes its second half. Each
+// part ("segment") is one Range request; its bytes are buffered into large blocks that are
+// written (and, when the block continues the hashed prefix, hashed in the same pool job) on the
+// disk pool. Blocks that arrive ahead of the hashed prefix are hashed later by a catch-up that
+// re-reads them from the partial file (page cache). A file is finished (fsync, digest check,
+// rename) when every byte is written and hashed. Retries follow hub-protocol.md "Retries", with
+// one budget and one pause shared by the whole run.
 
 #include "fetch/fetch.hpp"
 
@@ -16,7 +24,6 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/cancellation_state.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -37,8 +44,19 @@ namespace modeld::fetch {
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 using asio::awaitable;
+using namespace std::chrono_literals;
 
 namespace {
+
+// Same-boot sidecar records (partial.hpp) at most this often per file, so a kill -9 costs at most
+// this much of each file's bytes.
+constexpr auto kRecordInterval = 250ms;
+// Durable records (fdatasync, then an fsynced sidecar) at least this often per file, so a power
+// loss costs at most this much.
+constexpr std::uint64_t kDurableBytes = 1ull << 30;
+constexpr auto kDurableInterval = 30s;
+// Split points are rounded down to this, so parts start on page boundaries.
+constexpr std::uint64_t kSplitAlign = 64u << 10;
 
 bool retryable(Errc c) { return c == Errc::network_error || c == Errc::timeout || c == Errc::hub_unavailable; }
 
@@ -81,8 +99,9 @@ std::string describe_content(std::string_view prefix) {
   std::size_t i = 0;
   while (i < prefix.size() && (prefix[i] == ' ' || prefix[i] == '\n' || prefix[i] == '\r' || prefix[i] == '\t')) ++i;
   prefix.remove_prefix(i);
-  if (prefix.starts_with("version https://git-lfs")) return "an LFS pointer file";
+  if (prefix.starts_with("version https://git-lfs")) return "a Git LFS pointer file";
   if (prefix.starts_with("<")) return "an HTML page";
+  if (prefix.starts_with("{")) return "a JSON document";
   return "";
 }
 
@@ -92,6 +111,8 @@ std::string lower(std::string s) {
 }
 
 const char* kind_name(verify::HashKind k) { return k == verify::HashKind::sha256 ? "sha256" : "git blob sha1"; }
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // A token bucket shared by all workers: each block is paid for before it is buffered; a worker
 // that overdraws waits until the debt is repaid, which throttles its socket reads (TCP
@@ -103,7 +124,7 @@ class RateLimiter {
   awaitable<void> acquire(std::size_t n) {
     if (rate_ <= 0) co_return;
     auto now = Clock::now();
-    tokens_ = std::min(tokens_ + std::chrono::duration<double>(now - last_).count() * rate_, rate_);
+    tokens_ = std::min(tokens_ + seconds(now - last_) * rate_, rate_);
     last_ = now;
     tokens_ -= static_cast<double>(n);
     if (tokens_ >= 0) co_return;
@@ -118,62 +139,81 @@ class RateLimiter {
   Clock::time_point last_ = Clock::now();
 };
 
-// Progress counters plus the 5 s moving average of the download rate and the report throttle.
-class ProgressTracker {
- public:
-  ProgressTracker(std::function<void(const Progress&)> cb, std::chrono::milliseconds interval)
-      : cb_(std::move(cb)), interval_(interval) {
-    samples_.emplace_back(Clock::now(), 0);
+struct Segment;
+
+// One file of the run. Everything here is touched on the io_context thread only, except the
+// partial file's I/O and the hasher, which pool jobs use while `hash_busy` (hasher) or a
+// segment's flush (its own byte range) is in flight.
+struct FileState {
+  FileState(const Options& o, const hub::RepoFile& f)
+      : file(f),
+        kind(f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1),
+        expected(lower(f.is_lfs() ? *f.lfs_sha256 : f.blob_id)),
+        part(o.dest_dir, Sidecar{o.commit, f.path, f.size, kind, expected}) {}
+
+  enum class Stage { waiting, opening, open, finishing, done, failed };
+
+  const hub::RepoFile& file;
+  verify::HashKind kind;
+  std::string expected;
+  PartialFile part;
+  Stage stage = Stage::waiting;
+
+  std::optional<verify::Hasher> hasher;
+  std::uint64_t hashed = 0;  // bytes [0, hashed) went through the hasher
+  bool hash_busy = false;    // a pool job is using the hasher
+  RangeSet written;          // bytes on disk (completed writes)
+  std::vector<ByteRange> holes;  // parts not yet taken by any segment
+  std::vector<Segment*> active;  // segments fetching parts of this file now
+  bool ranges_ok = true;         // false once the server ignored a Range: no more splitting
+  bool restarted = false;        // the file was started over once after a 416
+  bool discard = false;          // the bytes are not the file: delete the partial at the end
+  std::vector<char> catch_up_block;
+  std::string prefix;  // the file's first bytes, to say what arrived when it is wrong
+  unsigned failures = 0;  // attempts in a row that brought no byte of this file
+
+  std::uint64_t counted = 0;  // this file's share of Progress::bytes_done
+  Clock::time_point last_record{};
+  Clock::time_point last_durable = Clock::now();
+  std::uint64_t since_durable = 0;
+  // Per-file rate: bytes counted at the last sample and an exponential average.
+  std::uint64_t rate_bytes = 0;
+  Clock::time_point rate_time = Clock::now();
+  double rate = 0;
+
+  std::optional<Fetched> result;
+
+  bool all_written() const { return written.contiguous_end(0) >= file.size; }
+
+  void note_prefix(std::uint64_t offset, std::span<const char> data) {
+    if (offset != prefix.size() || prefix.size() >= 64) return;
+    prefix.append(data.data(), std::min<std::size_t>(data.size(), 64 - prefix.size()));
   }
+};
 
-  Progress& counters() { return p_; }
-
-  // `n` bytes arrived from the network (counted in bytes_done by the caller).
-  void downloaded(std::uint64_t n) {
-    downloaded_ += n;
-    report(false);
-  }
-
-  // Calls the callback when the interval has passed since the last call, or when `force`.
-  void report(bool force) {
-    auto now = Clock::now();
-    if (now - samples_.back().first >= std::chrono::milliseconds(200)) samples_.emplace_back(now, downloaded_);
-    while (samples_.size() > 2 && now - samples_[1].first >= window_) samples_.pop_front();
-    double dt = std::chrono::duration<double>(now - samples_.front().first).count();
-    // Under a second of samples gives wild rates (and ETAs of hours): report none until then.
-    if (dt >= 1.0) p_.rate_bytes_per_s = static_cast<double>(downloaded_ - samples_.front().second) / dt;
-    if (!cb_) return;
-    if (!force && reported_ && now - last_report_ < interval_) return;
-    reported_ = true;
-    last_report_ = now;
-    cb_(p_);
-  }
-
- private:
-  static constexpr auto window_ = std::chrono::seconds(5);
-  std::function<void(const Progress&)> cb_;
-  std::chrono::milliseconds interval_;
-  Progress p_;
-  std::uint64_t downloaded_ = 0;
-  std::deque<std::pair<Clock::time_point, std::uint64_t>> samples_;
-  Clock::time_point last_report_{};
-  bool reported_ = false;
+// One part of a file fetched by one request (and its retries).
+struct Segment {
+  FileState& f;
+  std::uint64_t end;       // one past the last byte to fetch; a split lowers it
+  std::uint64_t received;  // next byte to receive (the block holds [flushed, received))
+  std::uint64_t flushed;   // next byte to write
+  std::vector<char> block;
 };
 
 // What all workers of one run share; lives in the run's coroutine frame, which outlives them.
 struct RunState {
   RunState(hub::Hub& h, http::Client& c, asio::thread_pool& p, const Options& o,
-           const std::vector<hub::RepoFile>& f, std::function<void(const Progress&)> cb)
+           const std::vector<hub::RepoFile>& list, std::function<void(const Progress&)> cb)
       : hub(h),
         client(c),
         pool(p),
         options(o),
-        // One write block per file in flight, ~32 MiB in all (fetch.hpp).
-        block_size(std::clamp<std::size_t>((32u << 20) / std::max(1u, o.parallel_files), 256u << 10, 4u << 20)),
+        block_size(std::clamp<std::size_t>((16u << 20) / std::max(1u, o.parallel_files), 256u << 10, 2u << 20)),
         limiter(o.max_bytes_per_s),
-        progress(std::move(cb), o.progress_interval),
-        files(f),
-        results(f.size()) {}
+        on_progress(std::move(cb)) {
+    for (const auto& f : list) files.push_back(std::make_unique<FileState>(o, f));
+    samples.emplace_back(Clock::now(), 0);
+  }
 
   hub::Hub& hub;
   http::Client& client;
@@ -181,163 +221,330 @@ struct RunState {
   const Options& options;
   std::size_t block_size;
   RateLimiter limiter;
-  ProgressTracker progress;
+  std::function<void(const Progress&)> on_progress;
   std::mt19937 rng{std::random_device{}()};
 
-  const std::vector<hub::RepoFile>& files;
-  std::size_t next = 0;
-  std::vector<std::optional<Fetched>> results;
+  std::vector<std::unique_ptr<FileState>> files;
+  std::size_t next_file = 0;
   std::optional<Error> first_error;
+  bool stopping = false;
   std::vector<std::unique_ptr<asio::cancellation_signal>> signals;
+  std::size_t running = 0;  // workers and catch-ups not yet finished
+  std::unique_ptr<asio::steady_timer> all_done;
+  // Never expires; cancelling it wakes the workers waiting for work (a file finished opening).
+  std::unique_ptr<asio::steady_timer> work_event;
 
-  // Records the first failure and cancels every other worker; they keep their partials.
-  void fail(std::size_t worker, Error e) {
-    if (first_error) return;
-    first_error = std::move(e);
-    for (std::size_t i = 0; i < signals.size(); ++i)
-      if (i != worker) signals[i]->emit(asio::cancellation_type::terminal);
+  // The shared retry state.
+  unsigned failures_in_a_row = 0;
+  Clock::time_point paused_until{};
+  Clock::time_point pause_began{};
+  Clock::duration waited{};
+
+  // Progress.
+  Progress progress;
+  std::uint64_t received_total = 0;  // bytes that came from the network
+  std::deque<std::pair<Clock::time_point, std::uint64_t>> samples;
+  Clock::time_point last_report{};
+  bool reported = false;
+
+  // Records the first failure and stops everything; partials are kept.
+  void fail(Error e) {
+    if (!first_error) first_error = std::move(e);
+    stop();
+  }
+
+  void stop() {
+    if (stopping) return;
+    stopping = true;
+    for (auto& sig : signals) sig->emit(asio::cancellation_type::terminal);
+    notify_work();
+  }
+
+  void notify_work() {
+    if (work_event) work_event->cancel();
+  }
+
+  awaitable<void> wait_work() { co_await work_event->async_wait(asio::as_tuple(asio::use_awaitable)); }
+
+  bool any_opening() const {
+    return std::any_of(files.begin(), files.end(),
+                       [](const auto& f) { return f->stage == FileState::Stage::opening; });
+  }
+
+  // `n` bytes of `f` came from the network.
+  void received(FileState& f, std::uint64_t n) {
+    progress.bytes_done += n;
+    f.counted += n;
+    received_total += n;
+    failures_in_a_row = 0;
+    f.failures = 0;
+    report(false);
+  }
+
+  // Takes back the bytes `f` had counted (its partial is started over).
+  void uncount(FileState& f) {
+    progress.bytes_done -= f.counted;
+    f.counted = 0;
+  }
+
+  // Calls on_progress when progress_interval has passed since the last call, or when `force`.
+  void report(bool force) {
+    auto now = Clock::now();
+    if (now - samples.back().first >= 200ms) samples.emplace_back(now, received_total);
+    while (samples.size() > 2 && now - samples[1].first >= 5s) samples.pop_front();
+    double dt = seconds(now - samples.front().first);
+    // Under a second of samples gives wild rates (and ETAs of hours): report none until then.
+    if (dt >= 1.0) progress.rate_bytes_per_s = static_cast<double>(received_total - samples.front().second) / dt;
+    if (!on_progress) return;
+    if (!force && reported && now - last_report < options.progress_interval) return;
+    reported = true;
+    last_report = now;
+    progress.files.clear();
+    for (auto& f : files) {
+      if (f->stage != FileState::Stage::open && f->stage != FileState::Stage::finishing) continue;
+      double fdt = seconds(now - f->rate_time);
+      if (fdt >= 1.0) {
+        double inst = static_cast<double>(f->counted - std::min(f->counted, f->rate_bytes)) / fdt;
+        f->rate = f->rate == 0 ? inst : 0.5 * f->rate + 0.5 * inst;
+        f->rate_bytes = f->counted;
+        f->rate_time = now;
+      }
+      progress.files.push_back(
+          FileProgress{f->file.path, f->counted, f->file.size, f->rate, static_cast<unsigned>(f->active.size())});
+    }
+    on_progress(progress);
+  }
+
+  // Runs `coro` as a tracked child: the run waits for it, and an exception fails the run.
+  void spawn(awaitable<void> coro, asio::cancellation_slot slot = {}) {
+    ++running;
+    auto done = [this](std::exception_ptr e) {
+      if (e) {
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(e);
+        } catch (const boost::system::system_error& se) {
+          if (se.code() == asio::error::operation_aborted) what.clear();
+          else what = se.what();
+        } catch (const std::exception& ex) {
+          what = ex.what();
+        } catch (...) {
+        }
+        if (!what.empty()) fail(make_error(Errc::internal, "a download worker failed unexpectedly: " + what));
+      }
+      if (--running == 0 && all_done) all_done->cancel();
+    };
+    if (slot.is_connected())
+      asio::co_spawn(all_done->get_executor(), std::move(coro), asio::bind_cancellation_slot(slot, std::move(done)));
+    else
+      asio::co_spawn(all_done->get_executor(), std::move(coro), std::move(done));
+  }
+
+  // Decides what a retryable failure costs: returns the pause before the next attempt, or the
+  // error that ends the run. `sent` is when the failed request was sent.
+  Result<Clock::duration> retry(FileState& f, const Error& e, Clock::time_point sent,
+                                std::optional<std::chrono::seconds> retry_after) {
+    ++f.failures;
+    if (f.failures >= options.max_attempts) {
+      Error out = e;
+      out.message += fmt::format(" (after {} attempts)", f.failures);
+      return out;
+    }
+    auto now = Clock::now();
+    // A request sent before the current pause began failed for the reason that began it.
+    bool counted_already = sent < pause_began && !retry_after;
+    if (!counted_already) ++failures_in_a_row;
+    if (failures_in_a_row > options.retry_budget) {
+      Error out = e;
+      out.message += fmt::format(" (gave up after {} failures in a row with no data from any connection)",
+                                 failures_in_a_row);
+      return out;
+    }
+    if (retry_after && *retry_after > options.max_retry_wait - waited) {
+      Error out = e;
+      out.message += fmt::format(" (the server asks to retry after {} s, longer than the {:.0f} s of retry wait left)",
+                                 retry_after->count(), seconds(options.max_retry_wait - waited));
+      return out;
+    }
+    Clock::duration delay{};
+    if (!counted_already) {
+      auto base = options.backoff_base * (1u << std::min(failures_in_a_row - 1, 3u));  // 1, 2, 4, 8, 8 ...
+      std::uniform_real_distribution<double> jitter(0.75, 1.25);
+      delay = std::chrono::duration_cast<Clock::duration>(base * jitter(rng));
+    }
+    if (retry_after) delay = std::max<Clock::duration>(delay, *retry_after);
+    auto until = now + delay;
+    // (A failure already counted adds no pause of its own: it waits out the current one.)
+    if (delay > Clock::duration{} && until > paused_until) {
+      waited += until - std::max(now, paused_until);
+      if (paused_until < now) pause_began = now;
+      paused_until = until;
+    }
+    if (waited > options.max_retry_wait) {
+      Error out = e;
+      out.message += fmt::format(" (waited {:.0f} s for retries in all, the limit is {:.0f} s)", seconds(waited),
+                                 seconds(options.max_retry_wait));
+      return out;
+    }
+    return std::max<Clock::duration>(paused_until - now, Clock::duration{});
+  }
+
+  // Waits out the shared retry pause, if any.
+  awaitable<void> wait_pause() {
+    while (Clock::now() < paused_until && !stopping) {
+      asio::steady_timer timer(co_await asio::this_coro::executor);
+      timer.expires_at(paused_until);
+      co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
   }
 };
 
-// One file: its partial, hasher and the state of the current attempt.
-class FileTask {
- public:
-  FileTask(RunState& s, const hub::RepoFile& f)
-      : s_(s),
-        file_(f),
-        kind_(f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1),
-        expected_(lower(f.is_lfs() ? *f.lfs_sha256 : f.blob_id)),
-        part_(s.options.dest_dir, Sidecar{s.options.commit, f.path, f.size, kind_, expected_}) {
-    buf_.reserve(s_.block_size);
-  }
+Error cancelled_error(const FileState& f) { return make_error(Errc::cancelled, fmt::format("downloading {}: cancelled", f.file.path)); }
 
-  ~FileTask() { part_.close(); }
+awaitable<Result<void>> finish_if_complete(RunState& s, FileState& f);
 
-  awaitable<Result<Fetched>> run() {
-    if (auto r = co_await open(); !r) co_return r.error();
-    unsigned attempt = 0;
-    bool restarted = false;
-    for (;;) {
-      ++attempt;
-      if (on_disk_ < file_.size) {
-        auto r = co_await download();
-        if (!r) {
-          Error e = r.error();
-          auto cs = co_await asio::this_coro::cancellation_state;
-          if (e.code == Errc::cancelled || is_cancelled(cs.cancelled()))
-            co_return make_error(Errc::cancelled, fmt::format("downloading {}: cancelled", file_.path));
-          if (range_416_ && !restarted) {
-            // The server has fewer bytes than the partial claims to continue from: start over once.
-            restarted = true;
-            --attempt;
-            co_await discard_and_reopen();
-            continue;
-          }
-          if (!retryable(e.code)) {
-            // A partial without a byte in it is worth nothing to a later run.
-            if (discard_ || on_disk_ == 0) co_await discard();
-            co_return e;
-          }
-          if (discard_) co_await discard_and_reopen();
-          if (attempt >= s_.options.max_attempts) {
-            if (on_disk_ == 0) co_await discard();
-            e.message += fmt::format(" (after {} attempts)", attempt);
-            co_return e;
-          }
-          auto delay = backoff(attempt);
-          sys::logf(sys::Level::warning, sys::Fields{.phase = "downloading", .extra = {{"MODELD_FILE", file_.path}}},
-                    "{}; retrying in {:.1f} s (attempt {} of {})", e.message,
-                    std::chrono::duration<double>(delay).count(), attempt + 1, s_.options.max_attempts);
-          asio::steady_timer timer(co_await asio::this_coro::executor);
-          timer.expires_after(delay);
-          co_await timer.async_wait(asio::use_awaitable);
-          continue;
-        }
-      }
-      co_return co_await finish();
-    }
-  }
-
- private:
-  // Opens the partial; bytes kept from an earlier run are re-hashed from disk (never downloaded
-  // again), a block at a time so a cancellation is noticed between blocks.
-  awaitable<Result<void>> open() {
-    auto opened = co_await util::on_pool<Result<std::uint64_t>>(s_.pool, [this] { return part_.open(); });
-    if (!opened) co_return opened.error();
-    hasher_.emplace(kind_, file_.size);
-    prefix_.clear();
-    on_disk_ = 0;
-    std::uint64_t have = *opened;
-    // The write buffer (empty now) doubles as the read block, so re-hashing stays in the budget.
-    std::vector<char>& block = buf_;
-    block.resize(s_.block_size);
-    while (on_disk_ < have) {
-      auto n = co_await util::on_pool<Result<std::size_t>>(s_.pool, [&]() -> Result<std::size_t> {
-        auto want = std::min<std::uint64_t>(block.size(), have - on_disk_);
-        auto r = part_.read_at(on_disk_, std::span<char>(block.data(), want));
-        if (r && *r > 0) hasher_->update(std::span<const char>(block.data(), *r));
-        return r;
-      });
-      if (!n) {
-        block.clear();
-        co_return n.error();
-      }
-      if (*n == 0) break;  // shorter than fstat said: continue from what is there
-      note_prefix(std::span<const char>(block.data(), *n));
-      on_disk_ += *n;
-    }
-    block.clear();
-    counted_ = on_disk_;
-    s_.progress.counters().bytes_done += on_disk_;
-    co_return Result<void>{};
-  }
-
-  awaitable<void> discard() {
-    co_await util::on_pool<int>(s_.pool, [this] {
-      part_.discard();
-      return 0;
+// Hashes the bytes that are on disk past the hashed prefix, in order, re-reading them from the
+// partial file; then finishes the file when it is complete.
+awaitable<Result<void>> catch_up(RunState& s, FileState& f) {
+  if (f.hash_busy) co_return Result<void>{};
+  f.hash_busy = true;
+  Result<void> out;
+  while (!s.stopping) {
+    std::uint64_t end = f.written.contiguous_end(f.hashed);
+    if (end <= f.hashed) break;
+    f.catch_up_block.resize(s.block_size);
+    std::uint64_t at = f.hashed;
+    std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(f.catch_up_block.size(), end - at));
+    auto n = co_await util::on_pool<Result<std::size_t>>(s.pool, [&f, at, want]() -> Result<std::size_t> {
+      auto r = f.part.read_at(at, std::span<char>(f.catch_up_block.data(), want));
+      if (r && *r > 0) f.hasher->update(std::span<const char>(f.catch_up_block.data(), *r));
+      return r;
     });
+    if (!n) {
+      out = n.error();
+      break;
+    }
+    if (*n == 0) {
+      out = make_error(Errc::io_error, fmt::format("{}: the partial file {} is shorter than its sidecar says", f.file.path,
+                                                   f.part.part_path().string()));
+      f.discard = true;
+      break;
+    }
+    f.note_prefix(at, std::span<const char>(f.catch_up_block.data(), *n));
+    f.hashed += *n;
   }
+  f.catch_up_block.clear();
+  f.catch_up_block.shrink_to_fit();
+  f.hash_busy = false;
+  if (!out) co_return out;
+  co_return co_await finish_if_complete(s, f);
+}
 
-  awaitable<void> discard_and_reopen() {
-    co_await discard();
-    reset_to_zero();
-    s_.progress.counters().bytes_done -= counted_;
-    counted_ = 0;
-    discard_ = false;
-    if (auto r = co_await open(); !r) discard_error_ = r.error();
+// Starts a catch-up on its own coroutine when written bytes wait past the hashed prefix.
+void kick_catch_up(RunState& s, FileState& f) {
+  if (f.hash_busy || s.stopping || f.written.contiguous_end(f.hashed) <= f.hashed) return;
+  s.spawn([](RunState& s, FileState& f) -> awaitable<void> {
+    auto r = co_await catch_up(s, f);
+    if (!r) s.fail(r.error());
+  }(s, f));
+}
+
+// The file is complete when every byte is written and hashed and no part is in flight: fsync,
+// compare the digest with the listing, then promote (or discard).
+awaitable<Result<void>> finish_if_complete(RunState& s, FileState& f) {
+  if (f.stage != FileState::Stage::open || !f.holes.empty() || !f.active.empty() || f.hash_busy || s.stopping)
+    co_return Result<void>{};
+  if (!f.all_written()) co_return Result<void>{};
+  if (f.hashed < f.file.size) co_return co_await catch_up(s, f);
+  f.stage = FileState::Stage::finishing;
+  if (auto r = co_await util::on_pool<Result<void>>(s.pool, [&f] { return f.part.sync(); }); !r) {
+    f.stage = FileState::Stage::failed;
+    co_return r.error();
   }
-
-  // Forgets the bytes received so far (the partial is cut at the next write).
-  void reset_to_zero() {
-    hasher_.emplace(kind_, file_.size);
-    on_disk_ = 0;
-    buf_.clear();
-    prefix_.clear();
-    truncate_pending_ = true;
+  std::string actual = f.hasher->hex();
+  f.hasher.reset();
+  if (actual != f.expected) {
+    f.stage = FileState::Stage::failed;
+    f.discard = true;  // these bytes can never become the file
+    std::string what = describe_content(f.prefix);
+    co_return make_error(Errc::checksum_mismatch,
+                         fmt::format("{}: {} is {} but the listing says {}{}", f.file.path, kind_name(f.kind), actual,
+                                     f.expected, what.empty() ? "" : "; what arrived is " + what));
   }
-
-  std::chrono::milliseconds backoff(unsigned attempt) {
-    auto base = s_.options.backoff_base;
-    auto delay = base * (1u << std::min(attempt - 1, 3u));  // 1, 2, 4, 8, 8, ...
-    std::uniform_real_distribution<double> jitter(0.75, 1.25);
-    auto ms = std::chrono::milliseconds(static_cast<std::int64_t>(static_cast<double>(delay.count()) * jitter(s_.rng)));
-    if (retry_after_) ms = std::max<std::chrono::milliseconds>(ms, *retry_after_);
-    return ms;
+  if (auto r = co_await util::on_pool<Result<void>>(s.pool, [&f] { return f.part.promote(); }); !r) {
+    f.stage = FileState::Stage::failed;
+    co_return r.error();
   }
+  f.stage = FileState::Stage::done;
+  f.result = Fetched{f.file.path, f.file.size, actual};
+  ++s.progress.files_done;
+  s.report(false);
+  co_return Result<void>{};
+}
 
-  // One request for the missing bytes; the received bytes are on disk when it returns.
-  awaitable<Result<void>> download() {
-    if (discard_error_) co_return *discard_error_;
-    range_416_ = false;
-    retry_after_.reset();
-    auto url = s_.hub.resolve_url(s_.options.repo, s_.options.commit, file_.path);
+// Opens a file's partial: trusted ranges from an earlier run count as done and are re-hashed
+// from disk (never downloaded again); the holes become work.
+awaitable<Result<void>> open_file(RunState& s, FileState& f) {
+  f.stage = FileState::Stage::opening;
+  auto opened = co_await util::on_pool<Result<RangeSet>>(s.pool, [&f] { return f.part.open(); });
+  if (!opened) {
+    f.stage = FileState::Stage::failed;
+    s.notify_work();
+    co_return opened.error();
+  }
+  f.written = std::move(*opened);
+  f.hasher.emplace(f.kind, f.file.size);
+  f.hashed = 0;
+  f.counted = f.written.total();
+  f.rate_bytes = f.counted;
+  s.progress.bytes_done += f.counted;
+  f.holes = f.written.gaps(f.file.size);
+  f.stage = FileState::Stage::open;
+  s.notify_work();  // idle workers may take its holes or split its first part
+  if (f.counted > 0)
+    sys::logf(sys::Level::info, sys::Fields{.phase = "downloading", .extra = {{"MODELD_FILE", f.file.path}}},
+              "{}: resuming with {} of {} bytes on disk from an earlier run", f.file.path, f.counted, f.file.size);
+  // The kept prefix is hashed now; kept ranges past a hole wait until the hole is filled.
+  co_return co_await catch_up(s, f);
+}
+
+// Starts a file over from byte 0 (after a 416): the partial is emptied, the counters reset.
+awaitable<Result<void>> restart_file(RunState& s, FileState& f, Segment& seg) {
+  f.restarted = true;
+  s.uncount(f);
+  f.written = RangeSet{};
+  f.hasher.emplace(f.kind, f.file.size);
+  f.hashed = 0;
+  f.prefix.clear();
+  f.holes.clear();
+  seg.received = seg.flushed = 0;
+  seg.end = f.file.size;
+  seg.block.clear();
+  co_return co_await util::on_pool<Result<void>>(s.pool, [&f]() -> Result<void> {
+    if (auto r = f.part.truncate(0); !r) return r;
+    return f.part.record(RangeSet{}, true);
+  });
+}
+
+// One segment's request: head checks, body into blocks, blocks to disk.
+class SegmentRequest {
+ public:
+  SegmentRequest(RunState& s, Segment& seg) : s_(s), seg_(seg), f_(seg.f) {}
+
+  // Sends one request for [received, end) and takes its body; the received bytes are on disk
+  // when it returns. Success means the segment is complete.
+  awaitable<Result<void>> run() {
+    auto url = s_.hub.resolve_url(s_.options.repo, s_.options.commit, f_.file.path);
     if (!url) co_return url.error();
     http::Request req;
     req.url = *url;
-    request_offset_ = on_disk_;
-    if (on_disk_ > 0) req.headers.add("Range", fmt::format("bytes={}-", on_disk_));
-
+    first_ = seg_.received;
+    asked_end_ = seg_.end;
+    bool whole = first_ == 0 && asked_end_ == f_.file.size;
+    if (!whole) {
+      if (asked_end_ == f_.file.size) req.headers.add("Range", fmt::format("bytes={}-", first_));
+      else req.headers.add("Range", fmt::format("bytes={}-{}", first_, asked_end_ - 1));
+    }
     http::BodySink sink;
     sink.on_head = [this](const http::ResponseHead& h) { return on_head(h); };
     sink.on_data = [this](std::span<const char> d) { return on_data(d); };
@@ -346,185 +553,286 @@ class FileTask {
       r = co_await s_.client.stream(std::move(req), std::move(sink));
     } catch (const boost::system::system_error& e) {
       if (e.code() != asio::error::operation_aborted) throw;
-      r = make_error(Errc::cancelled, fmt::format("downloading {}: cancelled", file_.path));
+      r = cancelled_error(f_);
     }
     // (GCC 12 miscompiles co_await inside || and ?:, hence the separate statements.)
     auto cs = co_await asio::this_coro::cancellation_state;
-    bool cancelled = is_cancelled(cs.cancelled()) || (!r && r.error().code == Errc::cancelled);
+    bool cancelled = is_cancelled(cs.cancelled()) || (!r && r.error().code == Errc::cancelled && !reached_end_);
     if (cancelled) {
       // Keep what arrived: write the buffered block before giving up. The cancellation state is
       // reset so this one short pool job can be awaited; the caller still returns cancelled.
       co_await asio::this_coro::reset_cancellation_state();
-      if (!discard_) (void)co_await flush();
-      co_return make_error(Errc::cancelled, fmt::format("downloading {}: cancelled", file_.path));
+      (void)co_await flush(true);
+      co_return cancelled_error(f_);
     }
-    if (!discard_) {
-      if (auto f = co_await flush(); !f) co_return f.error();
+    if (auto fl = co_await flush(false); !fl) co_return fl.error();
+    if (mismatch_) {
+      std::string what = describe_content(sniffed_);
+      co_return make_error(Errc::size_mismatch, *mismatch_ + (what.empty() ? "" : "; it is " + what));
     }
+    if (reached_end_) co_return Result<void>{};  // stopped on purpose at the segment's end
     if (!r) co_return r.error();
-    if (on_disk_ != file_.size) {
+    if (seg_.received < seg_.end) {
+      if (status_ == 206)  // the server sent less of the range than asked: continue from there
+        co_return make_error(Errc::network_error, fmt::format("{}: the server's answer to bytes={}- ended at byte {}",
+                                                             f_.file.path, first_, seg_.received));
       // The server ended its answer normally but it is shorter than the listing: the bytes are
       // not the file (the client reports a connection cut short as network_error instead).
-      discard_ = true;
-      std::string what = describe_content(prefix_);
+      f_.discard = true;
+      std::string what = describe_content(f_.prefix);
       co_return make_error(Errc::size_mismatch,
-                           fmt::format("{}: the server's answer ended after {} of {} bytes{}", file_.path, on_disk_,
-                                       file_.size, what.empty() ? "" : "; it is " + what));
+                           fmt::format("{}: the server's answer ended after {} of {} bytes{}", f_.file.path,
+                                       seg_.received, f_.file.size, what.empty() ? "" : "; it is " + what));
     }
     co_return Result<void>{};
   }
 
+  bool got_416() const { return status_ == 416; }
+  std::optional<std::chrono::seconds> retry_after() const { return retry_after_; }
+  bool moved() const { return seg_.received > first_; }
+
+ private:
   Result<void> on_head(const http::ResponseHead& h) {
+    status_ = h.status;
     std::string ctype = h.headers.get("Content-Type").value_or("no Content-Type");
     if (h.status == 416) {
-      // Never asked with the whole file on disk (that goes straight to verification), so the
-      // server has fewer bytes than the partial: run() starts over once.
       auto cr = h.headers.get("Content-Range").value_or("");
-      range_416_ = true;
       return make_error(Errc::hub_bad_response,
-                        fmt::format("{}: the server answered 416 (range not satisfiable) to bytes={}- ({})",
-                                    file_.path, request_offset_, cr.empty() ? "no Content-Range" : cr));
+                        fmt::format("{}: the server answered 416 (range not satisfiable) to bytes={}- ({})", f_.file.path,
+                                    first_, cr.empty() ? "no Content-Range" : cr));
     }
     if (h.status < 200 || h.status >= 300) {
-      if (auto ra = h.headers.get("Retry-After")) {
-        if (auto secs = parse_u64(*ra)) retry_after_ = std::chrono::seconds(std::min<std::uint64_t>(*secs, 300));
-      }
-      return hub::Hub::error_from_response(h, fmt::format("downloading {}", file_.path));
+      if (auto ra = h.headers.get("Retry-After")) retry_after_ = http::parse_retry_after(*ra, std::chrono::system_clock::now());
+      return hub::Hub::error_from_response(h, fmt::format("downloading {}", f_.file.path));
     }
     std::uint64_t start = 0;
+    std::uint64_t expected = f_.file.size;
     if (h.status == 206) {
       auto text = h.headers.get("Content-Range");
       auto cr = text ? parse_content_range(*text) : std::nullopt;
-      if (!cr || cr->first != request_offset_)
+      if (!cr || cr->first != first_ || cr->last >= f_.file.size)
         return make_error(Errc::hub_bad_response,
-                          fmt::format("{}: the server answered 206 with Content-Range \"{}\" to bytes={}-",
-                                      file_.path, text.value_or(""), request_offset_));
-      if (cr->total && *cr->total != file_.size)
+                          fmt::format("{}: the server answered 206 with Content-Range \"{}\" to bytes={}-", f_.file.path,
+                                      text.value_or(""), first_));
+      if (cr->total && *cr->total != f_.file.size)
         return make_error(Errc::size_mismatch, fmt::format("{}: the server has {} bytes ({}) where the listing says {}",
-                                                           file_.path, *cr->total, ctype, file_.size));
+                                                           f_.file.path, *cr->total, ctype, f_.file.size));
       start = cr->first;
+      expected = cr->last + 1 - cr->first;
     } else if (h.status != 200) {
-      return make_error(Errc::hub_bad_response,
-                        fmt::format("{}: unexpected status {} to a download", file_.path, h.status));
+      return make_error(Errc::hub_bad_response, fmt::format("{}: unexpected status {} to a download", f_.file.path, h.status));
     }
-    std::uint64_t expected = file_.size - start;
-    if (h.content_length && *h.content_length != expected)
-      return make_error(Errc::size_mismatch,
-                        fmt::format("{}: expected {} bytes but the server sent {} bytes of {} (status {})",
-                                    file_.path, expected, *h.content_length, ctype, h.status));
-    if (start != on_disk_) {
-      // A 200 to a Range request: the server ignored the range and sends the file from 0.
-      s_.progress.counters().bytes_done -= counted_;
-      counted_ = 0;
-      reset_to_zero();
+    if (h.content_length && *h.content_length != expected) {
+      mismatch_ = fmt::format("{}: expected {} bytes but the server sent {} bytes of {} (status {})", f_.file.path,
+                              expected, *h.content_length, ctype, h.status);
+      if (*h.content_length > (64u << 10)) return make_error(Errc::size_mismatch, *mismatch_);
+      return {};  // a small wrong body: read its start to say what it is
+    }
+    if (start != seg_.received) {
+      // A 200 to a Range request: the server ignores ranges and sends the file from byte 0.
+      // Skip to where this segment continues, and split this file no more.
+      skip_ = seg_.received;
+      f_.ranges_ok = false;
     }
     return {};
   }
 
   awaitable<Result<void>> on_data(std::span<const char> data) {
-    if (on_disk_ + buf_.size() + data.size() > file_.size) {
-      discard_ = true;
-      co_return make_error(Errc::size_mismatch,
-                           fmt::format("{}: the server sent more than the listed {} bytes", file_.path, file_.size));
+    if (mismatch_) {
+      sniffed_.append(data.data(), std::min<std::size_t>(data.size(), 256 - std::min<std::size_t>(256, sniffed_.size())));
+      if (sniffed_.size() >= 256) co_return make_error(Errc::size_mismatch, *mismatch_);
+      co_return Result<void>{};
+    }
+    if (skip_ > 0) {
+      auto n = static_cast<std::size_t>(std::min<std::uint64_t>(skip_, data.size()));
+      skip_ -= n;
+      data = data.subspan(n);
+      if (data.empty()) co_return Result<void>{};
+    }
+    if (seg_.received + data.size() > seg_.end) {
+      if (seg_.end == f_.file.size) {
+        f_.discard = true;
+        co_return make_error(Errc::size_mismatch,
+                             fmt::format("{}: the server sent more than the listed {} bytes", f_.file.path, f_.file.size));
+      }
+      // The segment was split (or asked a bounded range): take up to its end, then stop.
+      data = data.first(static_cast<std::size_t>(seg_.end - seg_.received));
+      reached_end_ = true;
     }
     co_await s_.limiter.acquire(data.size());
-    if (on_disk_ + buf_.size() < 64) note_prefix(data);
-    s_.progress.counters().bytes_done += data.size();
-    counted_ += data.size();
-    s_.progress.downloaded(data.size());
+    f_.note_prefix(seg_.received, data);
+    s_.received(f_, data.size());
+    seg_.received += data.size();
     while (!data.empty()) {
-      auto take = std::min(data.size(), s_.block_size - buf_.size());
-      buf_.insert(buf_.end(), data.begin(), data.begin() + static_cast<std::ptrdiff_t>(take));
+      auto take = std::min(data.size(), s_.block_size - seg_.block.size());
+      seg_.block.insert(seg_.block.end(), data.begin(), data.begin() + static_cast<std::ptrdiff_t>(take));
       data = data.subspan(take);
-      if (buf_.size() == s_.block_size) {
-        if (auto r = co_await flush(); !r) co_return r.error();
+      if (seg_.block.size() == s_.block_size) {
+        if (auto r = co_await flush(false); !r) co_return r.error();
       }
     }
+    if (!reached_end_ && seg_.received >= seg_.end && seg_.end < f_.file.size) reached_end_ = true;
+    if (reached_end_) co_return cancelled_error(f_);  // stops the stream; run() sees reached_end_
     co_return Result<void>{};
   }
 
-  // Writes the buffered block at the end of the partial and hashes it, on the pool.
-  awaitable<Result<void>> flush() {
-    if (buf_.empty() && !truncate_pending_) co_return Result<void>{};
-    auto r = co_await util::on_pool<Result<void>>(s_.pool, [this]() -> Result<void> {
-      if (truncate_pending_) {
-        if (auto t = part_.truncate(0); !t) return t;
+ public:
+  // Writes the block at its offset on the pool, hashing it in the same job when it continues
+  // the hashed prefix, and records the sidecar every kRecordInterval (durably every
+  // kDurableBytes or kDurableInterval, and when `durable`).
+  awaitable<Result<void>> flush(bool durable) {
+    auto& f = f_;
+    if (seg_.block.empty() && !durable) co_return Result<void>{};
+    std::uint64_t at = seg_.flushed;
+    std::size_t len = seg_.block.size();
+    bool hash_inline = len > 0 && at == f.hashed && !f.hash_busy;
+    if (hash_inline) f.hash_busy = true;
+    auto now = Clock::now();
+    bool record = durable || now - f.last_record >= kRecordInterval;
+    durable = durable || f.since_durable + len >= kDurableBytes || now - f.last_durable >= kDurableInterval;
+    record = record || durable;
+    RangeSet snapshot;
+    if (record) {
+      snapshot = f.written;
+      snapshot.add({at, at + len});
+    }
+    auto r = co_await util::on_pool<Result<void>>(s_.pool, [&]() -> Result<void> {
+      if (len > 0) {
+        if (auto w = f.part.write_at(at, seg_.block); !w) return w;
+        if (hash_inline) f.hasher->update(std::span<const char>(seg_.block.data(), len));
       }
-      if (auto w = part_.write_at(on_disk_, buf_); !w) return w;
-      hasher_->update(std::span<const char>(buf_.data(), buf_.size()));
+      if (record) return f.part.record(snapshot, durable);
       return {};
     });
+    if (hash_inline) f.hash_busy = false;
     if (!r) co_return r.error();
-    truncate_pending_ = false;
-    on_disk_ += buf_.size();
-    buf_.clear();
+    if (hash_inline) f.hashed += len;
+    f.written.add({at, at + len});
+    seg_.flushed += len;
+    seg_.block.clear();
+    if (record) f.last_record = now;
+    if (durable) {
+      f.since_durable = 0;
+      f.last_durable = now;
+    } else {
+      f.since_durable += len;
+    }
+    kick_catch_up(s_, f);
     co_return Result<void>{};
   }
 
-  // All bytes are on disk: fsync, compare with the listing, then promote or discard.
-  awaitable<Result<Fetched>> finish() {
-    if (auto r = co_await flush(); !r) co_return r.error();
-    if (auto r = co_await util::on_pool<Result<void>>(s_.pool, [this] { return part_.sync(); }); !r) co_return r.error();
-    std::string actual = hasher_->hex();
-    hasher_.reset();
-    if (actual != expected_) {
-      co_await discard();  // these bytes can never become the file
-      std::string what = describe_content(prefix_);
-      co_return make_error(Errc::checksum_mismatch,
-                           fmt::format("{}: {} is {} but the listing says {}{}", file_.path, kind_name(kind_), actual,
-                                       expected_, what.empty() ? "" : "; what arrived is " + what));
-    }
-    if (auto r = co_await util::on_pool<Result<void>>(s_.pool, [this] { return part_.promote(); }); !r) co_return r.error();
-    ++s_.progress.counters().files_done;
-    s_.progress.report(false);
-    co_return Fetched{file_.path, file_.size, actual};
-  }
-
-  void note_prefix(std::span<const char> data) {
-    if (prefix_.size() >= 64) return;
-    prefix_.append(data.data(), std::min<std::size_t>(data.size(), 64 - prefix_.size()));
-  }
-
+ private:
   RunState& s_;
-  const hub::RepoFile& file_;
-  verify::HashKind kind_;
-  std::string expected_;
-  PartialFile part_;
-  std::optional<verify::Hasher> hasher_;
-  std::uint64_t on_disk_ = 0;  // bytes written to the partial and fed to the hasher
-  std::vector<char> buf_;      // bytes received after on_disk_, not yet written
-  std::string prefix_;         // the file's first bytes, to say what arrived when it is wrong
-  std::uint64_t counted_ = 0;  // this file's share of progress.bytes_done
-  bool truncate_pending_ = false;
-  bool discard_ = false;  // the bytes received are not the file: drop the partial
-  std::optional<Error> discard_error_;
-  // The current attempt.
-  std::uint64_t request_offset_ = 0;
-  bool range_416_ = false;
-  std::optional<std::chrono::milliseconds> retry_after_;
+  Segment& seg_;
+  FileState& f_;
+  std::uint64_t first_ = 0;
+  std::uint64_t asked_end_ = 0;
+  unsigned status_ = 0;
+  std::uint64_t skip_ = 0;
+  bool reached_end_ = false;
+  std::optional<std::string> mismatch_;
+  std::string sniffed_;
+  std::optional<std::chrono::seconds> retry_after_;
 };
 
-awaitable<void> worker(RunState& s, std::size_t id) {
-  while (!s.first_error && s.next < s.files.size()) {
-    std::size_t i = s.next++;
-    Result<Fetched> r = make_error(Errc::internal, "not run");
-    try {
-      FileTask task(s, s.files[i]);
-      r = co_await task.run();
-    } catch (const boost::system::system_error& e) {
-      // After a cancellation every await throws operation_aborted (asio's throw_if_cancelled).
-      if (e.code() == asio::error::operation_aborted)
-        r = make_error(Errc::cancelled, fmt::format("downloading {}: cancelled", s.files[i].path));
-      else
-        r = make_error(Errc::internal, fmt::format("downloading {}: {}", s.files[i].path, e.what()));
-    } catch (const std::exception& e) {
-      r = make_error(Errc::internal, fmt::format("downloading {}: {}", s.files[i].path, e.what()));
+// Fetches one segment with retries; success means its bytes are all on disk.
+awaitable<Result<void>> run_segment(RunState& s, Segment& seg) {
+  FileState& f = seg.f;
+  for (;;) {
+    if (seg.received >= seg.end) co_return Result<void>{};
+    co_await s.wait_pause();
+    if (s.stopping) co_return cancelled_error(f);
+    auto sent = Clock::now();
+    SegmentRequest req(s, seg);
+    auto r = co_await req.run();
+    if (r) continue;  // complete (or stopped at a split point): the loop condition ends it
+    Error e = r.error();
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (e.code == Errc::cancelled || is_cancelled(cs.cancelled()) || s.stopping) co_return cancelled_error(f);
+    if (req.got_416()) {
+      // The server has fewer bytes than this part starts at. Start the file over once when this
+      // is its only part; a second 416, or one amid other parts, is the server's fault.
+      if (!f.restarted && f.active.size() == 1 && f.holes.empty() && !f.hash_busy) {
+        sys::logf(sys::Level::warning, sys::Fields{.phase = "downloading", .extra = {{"MODELD_FILE", f.file.path}}},
+                  "{}; starting the file over", e.message);
+        if (auto rr = co_await restart_file(s, f, seg); !rr) co_return rr.error();
+        continue;
+      }
+      co_return e;
     }
-    if (!r) {
-      s.fail(id, r.error());
+    if (!retryable(e.code)) co_return e;
+    auto delay = s.retry(f, e, sent, req.retry_after());
+    if (!delay) co_return delay.error();
+    sys::logf(sys::Level::warning, sys::Fields{.phase = "downloading", .extra = {{"MODELD_FILE", f.file.path}}},
+              "{}; retrying in {:.1f} s", e.message, seconds(*delay));
+  }
+}
+
+// The next part for a worker: a hole of an open file, else the next file, else the second half of
+// the largest part in flight; nullptr when there is nothing left to share out.
+awaitable<Result<std::unique_ptr<Segment>>> take_work(RunState& s) {
+  for (;;) {
+    if (s.stopping) co_return std::unique_ptr<Segment>{};
+    for (auto& f : s.files) {
+      if (f->stage != FileState::Stage::open || f->holes.empty()) continue;
+      ByteRange hole = f->holes.front();
+      f->holes.erase(f->holes.begin());
+      co_return std::make_unique<Segment>(Segment{*f, hole.end, hole.begin, hole.begin, {}});
+    }
+    if (s.next_file < s.files.size()) {
+      FileState& f = *s.files[s.next_file++];
+      if (auto r = co_await open_file(s, f); !r) co_return r.error();
+      continue;  // its holes are work now (or it was complete and is finished)
+    }
+    Segment* best = nullptr;
+    for (auto& f : s.files) {
+      if (f->stage != FileState::Stage::open || !f->ranges_ok) continue;
+      for (Segment* seg : f->active)
+        if (!best || seg->end - seg->received > best->end - best->received) best = seg;
+    }
+    if (!best || best->end - best->received < 2 * s.options.min_part_size) {
+      // Nothing to split now. A file being opened may bring holes or a part to split; parts in
+      // flight only shrink, so otherwise this worker is done.
+      if (!s.any_opening()) co_return std::unique_ptr<Segment>{};
+      co_await s.wait_work();
+      continue;
+    }
+    std::uint64_t mid = best->received + (best->end - best->received) / 2;
+    mid -= mid % kSplitAlign;
+    if (mid < best->received + s.options.min_part_size) mid = best->received + s.options.min_part_size;
+    auto seg = std::make_unique<Segment>(Segment{best->f, best->end, mid, mid, {}});
+    best->end = mid;
+    co_return seg;
+  }
+}
+
+awaitable<void> worker(RunState& s) {
+  while (!s.stopping) {
+    auto work = co_await take_work(s);
+    if (!work) {
+      s.fail(work.error());
       co_return;
     }
-    s.results[i] = std::move(*r);
+    if (!*work) co_return;
+    Segment& seg = **work;
+    FileState& f = seg.f;
+    f.active.push_back(&seg);
+    seg.block.reserve(s.block_size);
+    Result<void> r = make_error(Errc::internal, "not run");
+    try {
+      r = co_await run_segment(s, seg);
+    } catch (const boost::system::system_error& e) {
+      // After a cancellation every await throws operation_aborted (asio's throw_if_cancelled).
+      if (e.code() != asio::error::operation_aborted) throw;
+      r = cancelled_error(f);
+    }
+    std::erase(f.active, &seg);
+    if (r) r = co_await finish_if_complete(s, f);
+    if (!r) {
+      if (f.stage == FileState::Stage::open) f.stage = FileState::Stage::failed;
+      s.fail(r.error());
+      co_return;
+    }
   }
 }
 
@@ -546,36 +854,50 @@ awaitable<Result<std::vector<Fetched>>> run_all(hub::Hub& hub, http::Client& cli
   }
 
   RunState s(hub, client, pool, options, files, std::move(on_progress));
-  s.progress.counters().files_total = static_cast<unsigned>(files.size());
-  for (const auto& f : files) s.progress.counters().bytes_total += f.size;
+  s.progress.files_total = static_cast<unsigned>(files.size());
+  for (const auto& f : files) s.progress.bytes_total += f.size;
 
   auto ex = co_await asio::this_coro::executor;
-  std::size_t n = std::min<std::size_t>(std::max(1u, options.parallel_files), files.size());
+  s.all_done = std::make_unique<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+  s.work_event = std::make_unique<asio::steady_timer>(ex, asio::steady_timer::time_point::max());
+  std::size_t n = files.empty() ? 0 : std::max(1u, options.parallel_files);
   for (std::size_t i = 0; i < n; ++i) s.signals.push_back(std::make_unique<asio::cancellation_signal>());
-  asio::steady_timer all_done(ex, asio::steady_timer::time_point::max());
-  std::size_t running = n;
-  for (std::size_t i = 0; i < n; ++i) {
-    asio::co_spawn(ex, worker(s, i),
-                   asio::bind_cancellation_slot(s.signals[i]->slot(), [&, i](std::exception_ptr e) {
-                     if (e) s.fail(i, make_error(Errc::internal, "a download worker failed unexpectedly"));
-                     if (--running == 0) all_done.cancel();
-                   }));
-  }
+  for (std::size_t i = 0; i < n; ++i) s.spawn(worker(s), s.signals[i]->slot());
   bool forwarded = false;
-  while (running > 0) {
-    co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+  while (s.running > 0) {
+    co_await s.all_done->async_wait(asio::as_tuple(asio::use_awaitable));
     auto cs = co_await asio::this_coro::cancellation_state;
-    if (running > 0 && !forwarded && is_cancelled(cs.cancelled())) {
+    if (s.running > 0 && !forwarded && is_cancelled(cs.cancelled())) {
       forwarded = true;
-      for (auto& sig : s.signals) sig->emit(asio::cancellation_type::terminal);
+      if (!s.first_error) s.first_error = make_error(Errc::cancelled, "download cancelled");
+      s.stop();
     }
   }
 
-  s.progress.report(true);
+  // Every coroutine has ended: leave each unfinished partial with a durable record of its
+  // ranges (or delete it when its bytes are known wrong).
+  for (auto& f : s.files) {
+    if (f->stage == FileState::Stage::done || f->stage == FileState::Stage::waiting) continue;
+    FileState* fp = f.get();
+    co_await util::on_pool<int>(pool, [fp] {
+      if (fp->discard || fp->written.empty()) {
+        fp->part.discard();
+      } else {
+        (void)fp->part.record(fp->written, true);
+        fp->part.close();
+      }
+      return 0;
+    });
+  }
+
+  s.report(true);
   if (s.first_error) co_return *s.first_error;
   std::vector<Fetched> out;
   out.reserve(files.size());
-  for (auto& r : s.results) out.push_back(std::move(*r));
+  for (auto& f : s.files) {
+    if (!f->result) co_return make_error(Errc::internal, fmt::format("{}: the download ended without it", f->file.path));
+    out.push_back(std::move(*f->result));
+  }
   co_return out;
 }
 

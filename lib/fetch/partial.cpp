@@ -54,6 +54,38 @@ std::optional<Sidecar> Sidecar::parse(std::string_view json) {
   return s;
 }
 
+std::string current_boot_id() {
+  auto text = util::read_file("/proc/sys/kernel/random/boot_id", 256);
+  if (!text) return "";
+  std::string id = *text;
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
+}
+
+namespace {
+
+nlohmann::json ranges_json(const RangeSet& set) {
+  auto out = nlohmann::json::array();
+  for (const auto& r : set.items()) out.push_back({r.begin, r.end});
+  return out;
+}
+
+// [[BEGIN, END], ...] → a RangeSet; nullopt when malformed.
+std::optional<RangeSet> parse_ranges(const nlohmann::json& j) {
+  if (!j.is_array()) return std::nullopt;
+  RangeSet set;
+  for (const auto& r : j) {
+    if (!r.is_array() || r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned()) return std::nullopt;
+    auto b = r[0].get<std::uint64_t>();
+    auto e = r[1].get<std::uint64_t>();
+    if (e < b) return std::nullopt;
+    set.add({b, e});
+  }
+  return set;
+}
+
+}  // namespace
+
 fs::path partial_dir(const fs::path& dest_dir) { return dest_dir / ".modeld" / "partial"; }
 
 std::string partial_name(std::string_view repo_path) {
@@ -89,38 +121,98 @@ void PartialFile::close() {
   fd_ = -1;
 }
 
-Result<std::uint64_t> PartialFile::open() {
+Result<RangeSet> PartialFile::open() {
   close();
+  boot_id_ = current_boot_id();
+  synced_ = RangeSet{};
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return util::errno_error(ec.value(), dir_, "create directory");
 
-  // Keep the bytes only when the sidecar says they are a prefix of exactly this file.
-  bool keep = false;
-  if (auto text = util::read_file(sidecar_, 1u << 16)) {
+  // Keep the bytes only when the sidecar says they belong to exactly this file.
+  std::optional<RangeSet> trusted;
+  if (auto text = util::read_file(sidecar_, 16u << 20)) {
     auto found = Sidecar::parse(*text);
-    keep = found && *found == expected_;
-  }
-  if (keep) {
-    fd_ = ::open(part_.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd_ >= 0) {
-      struct stat st {};
-      if (::fstat(fd_, &st) != 0) return util::errno_error(errno, part_, "stat");
-      auto size = static_cast<std::uint64_t>(st.st_size);
-      if (size <= expected_.size) return size;
-    } else if (errno != ENOENT) {
-      return util::errno_error(errno, part_, "open");
+    if (found && *found == expected_) {
+      auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      auto ranges = j.find("ranges");
+      if (ranges == j.end()) {
+        trusted = RangeSet{};  // a sidecar of modeld 0.1: the partial is a prefix (set below)
+      } else {
+        auto boot = j.find("boot_id");
+        bool same_boot = !boot_id_.empty() && boot != j.end() && boot->is_string() && *boot == boot_id_;
+        auto synced = j.find("synced");
+        auto synced_set = synced == j.end() ? std::optional<RangeSet>(RangeSet{}) : parse_ranges(*synced);
+        auto written = parse_ranges(*ranges);
+        if (written && synced_set) {
+          synced_ = *synced_set;
+          trusted = same_boot ? *written : *synced_set;
+        }
+      }
+      if (trusted) {
+        fd_ = ::open(part_.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd_ >= 0) {
+          struct stat st {};
+          if (::fstat(fd_, &st) != 0) return util::errno_error(errno, part_, "stat");
+          auto size = static_cast<std::uint64_t>(st.st_size);
+          if (size <= expected_.size) {
+            if (ranges == j.end()) trusted->add({0, size});
+            trusted->clip(size);  // bytes past the file's end were never written
+            synced_.clip(size);
+            return *trusted;
+          }
+        } else if (errno != ENOENT) {
+          return util::errno_error(errno, part_, "open");
+        }
+        close();
+      }
     }
-    close();
   }
 
   // Start over: the sidecar goes first, so a partial never exists without its description.
+  synced_ = RangeSet{};
   ::unlink(part_.c_str());
-  if (auto r = util::write_file_atomically(sidecar_, expected_.to_json()); !r) return r.error();
+  if (auto r = util::write_file_atomically(sidecar_, sidecar_json(RangeSet{})); !r) return r.error();
   fd_ = ::open(part_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) return util::errno_error(errno, part_, "create");
   if (auto r = util::fsync_directory(dir_); !r) return r.error();
-  return std::uint64_t{0};
+  return RangeSet{};
+}
+
+std::string PartialFile::sidecar_json(const RangeSet& written) const {
+  auto j = nlohmann::json::parse(expected_.to_json());
+  j["boot_id"] = boot_id_;
+  j["ranges"] = ranges_json(written);
+  j["synced"] = ranges_json(synced_);
+  return j.dump() + "\n";
+}
+
+Result<void> PartialFile::record(const RangeSet& written, bool durable) {
+  std::lock_guard lock(record_mutex_);
+  if (durable) {
+    if (::fdatasync(fd_) != 0) return util::errno_error(errno, part_, "fdatasync");
+    synced_ = written;
+    return util::write_file_atomically(sidecar_, sidecar_json(written));
+  }
+  // Same-boot record: an atomic rename without fsync (a power loss keeps the older, durable one).
+  auto tmp = fs::path(sidecar_) += ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return util::errno_error(errno, tmp, "create");
+  std::string text = sidecar_json(written);
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    ssize_t n = ::write(fd, rest.data(), rest.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return util::errno_error(err, tmp, "write");
+    }
+    rest.remove_prefix(static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), sidecar_.c_str()) != 0) return util::errno_error(errno, sidecar_, "rename");
+  return {};
 }
 
 Result<std::size_t> PartialFile::read_at(std::uint64_t offset, std::span<char> buf) {
@@ -161,6 +253,7 @@ Result<void> PartialFile::promote() {
   if (ec) return util::errno_error(ec.value(), final_.parent_path(), "create directory");
   if (auto r = util::durable_rename(part_, final_); !r) return r;
   if (::unlink(sidecar_.c_str()) != 0 && errno != ENOENT) return util::errno_error(errno, sidecar_, "unlink");
+  ::unlink((fs::path(sidecar_) += ".tmp").c_str());
   return util::fsync_directory(dir_);
 }
 
@@ -168,6 +261,7 @@ void PartialFile::discard() {
   close();
   ::unlink(part_.c_str());
   ::unlink(sidecar_.c_str());
+  ::unlink((fs::path(sidecar_) += ".tmp").c_str());
 }
 
 }  // namespace modeld::fetch

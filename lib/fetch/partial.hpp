@@ -1,14 +1,24 @@
 #pragma once
 // Partial files of the download engine: `dest_dir/.modeld/partial/NAME.part` holds the bytes of
-// one file received so far, and `NAME.part.json` (the sidecar) says which file, at which commit,
-// of which size and digest those bytes belong to, so a later run can tell whether the bytes may be
-// continued. Everything here blocks on the file system; the engine runs it on its disk pool.
+// one file received so far, at their offsets (several parts of a file may be written at once, so a
+// partial may have holes), and `NAME.part.json` (the sidecar) says which file, at which commit, of
+// which size and digest those bytes belong to and which byte ranges hold them, so a later run can
+// tell which bytes may be kept. Everything here blocks on the file system; the engine runs it on
+// its disk pool.
+//
+// Which ranges are trusted after a crash: the sidecar is rewritten (atomically, without fsync)
+// every few hundred milliseconds with the ranges written so far, and with the kernel's boot id.
+// After a daemon crash or kill -9 on the same boot the page cache still holds every completed
+// write, so those ranges are trusted. After a reboot (power loss) only the ranges of the last
+// durable record are: the data was fdatasync'ed before that record was written and fsynced.
 
+#include "fetch/ranges.hpp"
 #include "util/error.hpp"
 #include "verify/hash.hpp"
 
 #include <cstdint>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,8 +26,10 @@
 
 namespace modeld::fetch {
 
-/// What a partial file is a prefix of; stored as the sidecar JSON
-/// {"commit", "path", "size", "digest_kind": "sha256"|"git_sha1", "digest"}.
+/// Which file a partial file holds bytes of; stored in the sidecar JSON
+/// {"commit", "path", "size", "digest_kind": "sha256"|"git_sha1", "digest", "boot_id",
+/// "ranges": [[BEGIN, END], ...], "synced": [[BEGIN, END], ...]} (the last three are the state
+/// that PartialFile keeps; a sidecar without "ranges", from modeld 0.1, means [0, file length)).
 struct Sidecar {
   std::string commit;
   std::string path;
@@ -41,8 +53,12 @@ std::filesystem::path partial_dir(const std::filesystem::path& dest_dir);
 /// sha256 of the path instead (NAME_MAX is 255).
 std::string partial_name(std::string_view repo_path);
 
-/// One partial file with its sidecar. Not thread-safe: one caller at a time (the engine awaits
-/// each call before the next). Errors name the partial file's path.
+/// The running kernel's boot id (/proc/sys/kernel/random/boot_id), or "" when unreadable.
+std::string current_boot_id();
+
+/// One partial file with its sidecar. read_at and write_at may run on several threads at once
+/// (positioned I/O on one descriptor); record is serialised inside; open, truncate, promote,
+/// discard and close need the caller to have no other call running. Errors name the file's path.
 class PartialFile {
  public:
   /// Names the partial of `expected.path` under `dest_dir`; touches nothing yet.
@@ -51,10 +67,17 @@ class PartialFile {
   PartialFile(const PartialFile&) = delete;
   PartialFile& operator=(const PartialFile&) = delete;
 
-  /// Opens the partial for writing: keeps the bytes on disk when the sidecar equals the expected
-  /// one and the partial is not longer than the file, else deletes both and starts an empty partial
-  /// after writing the sidecar atomically. Returns the bytes already on disk; io_error, disk_full.
-  Result<std::uint64_t> open();
+  /// Opens the partial for writing: keeps the bytes on disk when the sidecar describes the expected
+  /// file and the partial is not longer than it, else deletes both and starts an empty partial
+  /// after writing the sidecar atomically. Returns the byte ranges that hold trusted bytes (see
+  /// the file comment; empty for a fresh partial); io_error, disk_full.
+  Result<RangeSet> open();
+
+  /// Rewrites the sidecar with `written` as the ranges on disk. `durable`: fdatasync the data
+  /// first and make the new sidecar durable too (fsync, rename, fsync the folder), so the ranges
+  /// survive a power loss; otherwise an atomic rename only (trusted on the same boot). io_error,
+  /// disk_full.
+  Result<void> record(const RangeSet& written, bool durable);
 
   /// Reads up to `buf.size()` bytes at `offset`; returns the count (0 at the end); io_error.
   Result<std::size_t> read_at(std::uint64_t offset, std::span<char> buf);
@@ -85,7 +108,12 @@ class PartialFile {
   const std::filesystem::path& final_path() const { return final_; }
 
  private:
+  std::string sidecar_json(const RangeSet& written) const;
+
   Sidecar expected_;
+  std::string boot_id_;
+  RangeSet synced_;  // ranges of the last durable record
+  std::mutex record_mutex_;
   std::filesystem::path dir_;
   std::filesystem::path part_;
   std::filesystem::path sidecar_;

@@ -5,7 +5,6 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/error.hpp>
-#include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
@@ -14,6 +13,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
@@ -21,11 +21,15 @@
 #include <boost/beast/http/write.hpp>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace modeld::http {
@@ -211,6 +215,360 @@ std::optional<std::string> Headers::get(std::string_view name) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Proxies
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::optional<std::string> percent_decode(std::string_view in) {
+  std::string out;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out += in[i];
+      continue;
+    }
+    if (i + 2 >= in.size()) return std::nullopt;
+    unsigned v = 0;
+    auto [p, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, v, 16);
+    if (ec != std::errc() || p != in.data() + i + 3) return std::nullopt;
+    out += static_cast<char>(v);
+    i += 2;
+  }
+  return out;
+}
+
+// Splits "host[:port]" or "[v6][:port]"; an unbracketed text with several colons is an IPv6
+// address without a port. Returns false on bad syntax.
+bool split_host_port(std::string_view text, std::string& host, std::optional<std::uint16_t>& port) {
+  std::string_view port_text;
+  bool has_port = false;
+  if (!text.empty() && text.front() == '[') {
+    auto close = text.find(']');
+    if (close == std::string_view::npos) return false;
+    host = std::string(text.substr(1, close - 1));
+    auto after = text.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') return false;
+      port_text = after.substr(1);
+      has_port = true;
+    }
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {
+    auto colon = text.find(':');
+    host = std::string(text.substr(0, colon));
+    port_text = text.substr(colon + 1);
+    has_port = true;
+  } else {
+    host = std::string(text);
+  }
+  port.reset();
+  if (has_port) {
+    unsigned v = 0;
+    auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), v);
+    if (port_text.empty() || ec != std::errc() || p != port_text.data() + port_text.size() || v == 0 ||
+        v > 65535)
+      return false;
+    port = static_cast<std::uint16_t>(v);
+  }
+  return true;
+}
+
+// True when the first `bits` bits of two addresses of one family are equal.
+template <class Bytes>
+bool same_prefix(const Bytes& a, const Bytes& b, unsigned bits) {
+  for (std::size_t i = 0; i < a.size() && bits > 0; ++i) {
+    unsigned n = std::min(bits, 8u);
+    unsigned mask = (0xffu << (8 - n)) & 0xffu;
+    if ((a[i] & mask) != (b[i] & mask)) return false;
+    bits -= n;
+  }
+  return true;
+}
+
+// One NO_PROXY entry against a host (lower case, no trailing dot) and port.
+bool no_proxy_entry_matches(std::string_view entry, const std::string& host, std::uint16_t port) {
+  // "addr/bits" may come with brackets ("[::1]/128") or without ("::1/128").
+  std::string_view bits_text;
+  if (auto slash = entry.find('/'); slash != std::string_view::npos) {
+    bits_text = entry.substr(slash + 1);
+    entry = entry.substr(0, slash);
+  }
+  std::string name;
+  std::optional<std::uint16_t> entry_port;
+  if (!split_host_port(entry, name, entry_port)) return false;
+  if (entry_port && *entry_port != port) return false;
+  name = to_lower(name);
+  while (!name.empty() && name.back() == '.') name.pop_back();
+
+  error_code hec;
+  auto host_addr = asio::ip::make_address(host, hec);
+  if (!hec) {
+    // An IP host matches only addresses and blocks, compared as numbers (so "::1" and
+    // "0:0::1" are one address).
+    error_code eec;
+    auto net = asio::ip::make_address(name, eec);
+    if (eec || net.is_v4() != host_addr.is_v4()) return false;
+    unsigned max_bits = net.is_v4() ? 32 : 128;
+    unsigned bits = max_bits;
+    if (!bits_text.empty()) {
+      auto [p, ec] = std::from_chars(bits_text.data(), bits_text.data() + bits_text.size(), bits);
+      if (ec != std::errc() || p != bits_text.data() + bits_text.size() || bits > max_bits) return false;
+    }
+    if (net.is_v4()) return same_prefix(net.to_v4().to_bytes(), host_addr.to_v4().to_bytes(), bits);
+    return same_prefix(net.to_v6().to_bytes(), host_addr.to_v6().to_bytes(), bits);
+  }
+  if (!bits_text.empty()) return false;  // a block never matches a name
+  while (!name.empty() && name.front() == '.') name.erase(0, 1);
+  if (name.empty()) return false;
+  if (host == name) return true;
+  return host.size() > name.size() && host.compare(host.size() - name.size(), name.size(), name) == 0 &&
+         host[host.size() - name.size() - 1] == '.';
+}
+
+}  // namespace
+
+ProxyConfig ProxyConfig::from_environment() {
+  auto pick = [](const char* lower_name, const char* upper_name) {
+    auto v = env(lower_name);
+    return v.empty() ? env(upper_name) : v;
+  };
+  ProxyConfig c;
+  c.http_proxy = env("http_proxy");  // never HTTP_PROXY: a CGI program gets it from a "Proxy:" header
+  c.https_proxy = pick("https_proxy", "HTTPS_PROXY");
+  c.no_proxy = pick("no_proxy", "NO_PROXY");
+  return c;
+}
+
+Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_view setting) {
+  text = trim(text);
+  std::string scheme = "http";
+  std::string_view rest = text;
+  if (auto sep = text.find("://"); sep != std::string_view::npos) {
+    scheme = to_lower(text.substr(0, sep));
+    rest = text.substr(sep + 3);
+  }
+  // Whatever is shown of a bad setting leaves out everything up to the last '@': credentials
+  // may contain any character, encoded or not.
+  auto at = rest.rfind('@');
+  std::string_view after_at = at == std::string_view::npos ? rest : rest.substr(at + 1);
+  std::string shown = fmt::format("{}://{}", scheme, after_at);
+  auto bad = [&](std::string_view why) {
+    return make_error(Errc::config_invalid, fmt::format("{} '{}': {}", setting, shown, why));
+  };
+  if (scheme == "https")
+    return bad("a proxy reached over TLS (https://) is not supported; use http:// (the tunnel to "
+               "an https origin is encrypted end to end either way)");
+  if (scheme != "http") return bad("only http:// proxies are supported");
+  ProxyEndpoint p;
+  std::string_view hostport = after_at.substr(0, after_at.find('/'));
+  if (at != std::string_view::npos) {
+    auto userinfo = rest.substr(0, at);
+    auto colon = userinfo.find(':');
+    auto user = percent_decode(userinfo.substr(0, colon));
+    auto pass = percent_decode(colon == std::string_view::npos ? std::string_view{} : userinfo.substr(colon + 1));
+    if (!user || !pass) return bad("bad percent-encoding in the user name or password");
+    p.username = std::move(*user);
+    p.password = std::move(*pass);
+  }
+  std::optional<std::uint16_t> port;
+  if (!split_host_port(hostport, p.host, port)) return bad("the port is not a number from 1 to 65535");
+  if (p.host.empty()) return bad("the host is empty");
+  for (unsigned char c : p.host)
+    if (c <= 0x20 || c == 0x7f || c == '?' || c == '#') return bad("the host contains a bad character");
+  p.host = to_lower(p.host);
+  if (port) p.port = *port;
+  return p;
+}
+
+std::string ProxyEndpoint::redacted() const { return fmt::format("http://{}:{}", host_for_url(host), port); }
+
+std::string ProxyEndpoint::authorization() const {
+  if (username.empty()) return {};
+  std::string plain = username + ":" + password;
+  std::string out(4 * ((plain.size() + 2) / 3) + 1, '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(plain.data()), static_cast<int>(plain.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return "Basic " + out;
+}
+
+bool bypasses_proxy(std::string_view no_proxy, const Url& url) {
+  std::string host = to_lower(url.host);
+  while (!host.empty() && host.back() == '.') host.pop_back();
+  std::size_t pos = 0;
+  while (pos <= no_proxy.size()) {
+    auto end = no_proxy.find_first_of(", \t", pos);
+    auto entry = trim(no_proxy.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos));
+    if (entry == "*") return true;
+    if (!entry.empty() && no_proxy_entry_matches(entry, host, url.port)) return true;
+    if (end == std::string_view::npos) break;
+    pos = end + 1;
+  }
+  return false;
+}
+
+Result<std::optional<ProxyEndpoint>> select_proxy(const ProxyConfig& config, const Url& url) {
+  bool https = url.scheme == "https";
+  const std::string& text = https ? config.https_proxy : config.http_proxy;
+  if (trim(text).empty() || bypasses_proxy(config.no_proxy, url)) return std::optional<ProxyEndpoint>();
+  auto p = ProxyEndpoint::parse(text, https ? "https_proxy" : "http_proxy");
+  if (!p) return p.error();
+  return std::optional<ProxyEndpoint>(std::move(*p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retry-After
+
+namespace {
+
+// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+
+unsigned days_in_month(std::int64_t y, unsigned m) {
+  static constexpr unsigned kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+  return m == 2 && leap ? 29 : kDays[m - 1];
+}
+
+// A cursor over an HTTP-date; every step returns false when the text does not fit.
+struct DateText {
+  std::string_view s;
+  std::size_t i = 0;
+
+  bool lit(std::string_view t) {
+    if (!iequals(s.substr(i, t.size()), t)) return false;
+    i += t.size();
+    return true;
+  }
+  bool number(std::size_t digits, int& out) {
+    if (i + digits > s.size()) return false;
+    out = 0;
+    for (std::size_t k = 0; k < digits; ++k) {
+      char c = s[i + k];
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + (c - '0');
+    }
+    i += digits;
+    return true;
+  }
+  // One of `names`; returns its index.
+  template <std::size_t N>
+  bool one_of(const std::array<std::string_view, N>& names, unsigned& index) {
+    for (unsigned k = 0; k < N; ++k)
+      if (lit(names[k])) {
+        index = k;
+        return true;
+      }
+    return false;
+  }
+  bool time(int& h, int& m, int& sec) { return number(2, h) && lit(":") && number(2, m) && lit(":") && number(2, sec); }
+  bool done() const { return i == s.size(); }
+};
+
+constexpr std::array<std::string_view, 12> kMonths = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                                      "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+constexpr std::array<std::string_view, 7> kDayNames = {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"};
+// No full day name is a prefix of another, so the order of the list does not matter.
+constexpr std::array<std::string_view, 7> kLongDayNames = {"Monday", "Tuesday", "Wednesday", "Thursday",
+                                                           "Friday", "Saturday", "Sunday"};
+
+struct CivilTime {
+  std::int64_t year = 0;
+  int month = 0, day = 0, hour = 0, minute = 0, second = 0;
+};
+
+// The three forms of RFC 9110 section 5.6.7; two-digit years of RFC 850 dates are read as the
+// most recent year with those digits that is not more than 50 years after `now_year`.
+std::optional<CivilTime> parse_http_date(std::string_view text, std::int64_t now_year) {
+  CivilTime t;
+  unsigned idx = 0;
+  auto valid = [&]() -> std::optional<CivilTime> {
+    if (t.month < 1 || t.month > 12 || t.day < 1 ||
+        static_cast<unsigned>(t.day) > days_in_month(t.year, static_cast<unsigned>(t.month)) || t.hour > 23 ||
+        t.minute > 59 || t.second > 60)
+      return std::nullopt;
+    return t;
+  };
+  {  // IMF-fixdate: "Sun, 06 Nov 1994 08:49:37 GMT"
+    DateText d{text};
+    int year = 0;
+    if (d.one_of(kDayNames, idx) && d.lit(", ") && d.number(2, t.day) && d.lit(" ") && d.one_of(kMonths, idx) &&
+        (t.month = static_cast<int>(idx) + 1, d.lit(" ")) && d.number(4, year) && d.lit(" ") &&
+        d.time(t.hour, t.minute, t.second) && d.lit(" GMT") && d.done()) {
+      t.year = year;
+      return valid();
+    }
+  }
+  {  // RFC 850: "Sunday, 06-Nov-94 08:49:37 GMT"
+    DateText d{text};
+    int yy = 0;
+    if (d.one_of(kLongDayNames, idx) && d.lit(", ") && d.number(2, t.day) && d.lit("-") &&
+        d.one_of(kMonths, idx) && (t.month = static_cast<int>(idx) + 1, d.lit("-")) && d.number(2, yy) &&
+        d.lit(" ") && d.time(t.hour, t.minute, t.second) && d.lit(" GMT") && d.done()) {
+      std::int64_t year = now_year - now_year % 100 + yy;
+      if (year > now_year + 50) year -= 100;
+      t.year = year;
+      return valid();
+    }
+  }
+  {  // asctime: "Sun Nov  6 08:49:37 1994"
+    DateText d{text};
+    int year = 0;
+    if (d.one_of(kDayNames, idx) && d.lit(" ") && d.one_of(kMonths, idx) &&
+        (t.month = static_cast<int>(idx) + 1, d.lit(" ")) && (d.lit(" ") ? d.number(1, t.day) : d.number(2, t.day)) &&
+        d.lit(" ") && d.time(t.hour, t.minute, t.second) && d.lit(" ") && d.number(4, year) && d.done()) {
+      t.year = year;
+      return valid();
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::chrono::seconds> parse_retry_after(std::string_view value,
+                                                      std::chrono::system_clock::time_point now) {
+  value = trim(value);
+  if (value.empty()) return std::nullopt;
+  if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    std::int64_t seconds = 0;
+    auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+    if (ec != std::errc() || p != value.data() + value.size()) return std::nullopt;  // out of range
+    return std::chrono::seconds(seconds);
+  }
+  const std::int64_t now_s = std::chrono::floor<std::chrono::seconds>(now.time_since_epoch()).count();
+  const std::int64_t now_days = now_s >= 0 ? now_s / 86400 : (now_s - 86399) / 86400;
+  // The civil year of `now`, for the two-digit years of RFC 850 dates.
+  std::int64_t now_year = 1970 + now_days / 365;
+  while (days_from_civil(now_year, 1, 1) > now_days) --now_year;
+  while (days_from_civil(now_year + 1, 1, 1) <= now_days) ++now_year;
+  auto t = parse_http_date(value, now_year);
+  if (!t) return std::nullopt;
+  std::int64_t at = days_from_civil(t->year, static_cast<unsigned>(t->month), static_cast<unsigned>(t->day)) * 86400 +
+                    t->hour * 3600 + t->minute * 60 + t->second;
+  // Whole seconds, rounded up against a `now` with a fraction (at - floor(now) is that ceiling),
+  // so that a caller never retries before the date; counted in seconds, not in the clock's
+  // nanoseconds, which overflow for dates after 2262.
+  return std::chrono::seconds(std::max<std::int64_t>(0, at - now_s));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Connections
 
 namespace {
@@ -221,6 +579,7 @@ namespace {
 struct Connection {
   std::optional<beast::tcp_stream> tcp;
   std::optional<ssl::stream<beast::tcp_stream>> tls;
+  std::optional<ProxyEndpoint> forward_proxy;  // plain http sent to this proxy in absolute form
 
   beast::tcp_stream& lowest() { return tls ? tls->next_layer() : *tcp; }
 };
@@ -228,12 +587,18 @@ struct Connection {
 // What one socket operation's error means for the caller. Beast reports an expired deadline as
 // beast::error::timeout; operation_aborted without an expired deadline is the caller's
 // cancellation.
-Error socket_error(const error_code& ec, std::string_view doing, const Url& url) {
+// `where` names the peer as it may be shown (a URL without its query, a proxy without its
+// credentials).
+Error socket_error(const error_code& ec, std::string_view doing, std::string_view where) {
   if (ec == beast::error::timeout)
-    return make_error(Errc::timeout, fmt::format("{} {}: timed out", doing, url.redacted()));
+    return make_error(Errc::timeout, fmt::format("{} {}: timed out", doing, where));
   if (ec == asio::error::operation_aborted)
-    return make_error(Errc::cancelled, fmt::format("{} {}: cancelled", doing, url.redacted()));
-  return make_error(Errc::network_error, fmt::format("{} {}: {}", doing, url.redacted(), ec.message()));
+    return make_error(Errc::cancelled, fmt::format("{} {}: cancelled", doing, where));
+  return make_error(Errc::network_error, fmt::format("{} {}: {}", doing, where, ec.message()));
+}
+
+Error socket_error(const error_code& ec, std::string_view doing, const Url& url) {
+  return socket_error(ec, doing, url.redacted());
 }
 
 struct HopContext {
@@ -383,7 +748,10 @@ struct Client::Impl {
 
   // Resolves the host with a deadline. asio's resolver does not take per-operation cancellation,
   // so the caller's cancellation slot is pointed at resolver.cancel() while it runs.
-  awaitable<Result<tcp::resolver::results_type>> resolve(const Url& url, std::chrono::milliseconds deadline) {
+  // `where` names the peer in messages.
+  awaitable<Result<tcp::resolver::results_type>> resolve(const std::string& host, std::uint16_t port,
+                                                         const std::string& where,
+                                                         std::chrono::milliseconds deadline) {
     auto resolver = std::make_shared<tcp::resolver>(executor);
     auto timed_out = std::make_shared<bool>(false);
     asio::steady_timer timer(executor);
@@ -397,35 +765,107 @@ struct Client::Impl {
     auto cs = co_await asio::this_coro::cancellation_state;
     auto slot = cs.slot();
     if (slot.is_connected()) slot.assign([resolver](asio::cancellation_type) { resolver->cancel(); });
-    auto [ec, results] = co_await resolver->async_resolve(url.host, std::to_string(url.port), kTuple);
+    auto [ec, results] = co_await resolver->async_resolve(host, std::to_string(port), kTuple);
     if (slot.is_connected()) slot.clear();
     timer.cancel();
     if (ec == asio::error::operation_aborted && *timed_out)
-      co_return make_error(Errc::timeout, fmt::format("resolving {}: timed out", url.redacted()));
-    if (ec) co_return socket_error(ec, "resolving", url);
+      co_return make_error(Errc::timeout, fmt::format("resolving {}: timed out", where));
+    if (ec) co_return socket_error(ec, "resolving", where);
     co_return results;
   }
 
-  // Opens a connection to the URL's origin. This is the seam for HTTPS_PROXY: a proxy connection
-  // would connect to the proxy here and send "CONNECT host:port" before the TLS handshake.
+  // Opens a tunnel to the URL's origin through an HTTP proxy, on a connected stream (RFC 9110
+  // section 9.3.6). Bytes after the proxy's answer belong to the origin's TLS, which does not
+  // start until our ClientHello, so a proxy that sends more is broken.
+  awaitable<Result<void>> tunnel(beast::tcp_stream& stream, const ProxyEndpoint& proxy, const Url& url,
+                                 std::chrono::milliseconds deadline) {
+    const std::string authority = fmt::format("{}:{}", host_for_url(url.host), url.port);
+    const std::string where = fmt::format("proxy {} (CONNECT to {})", proxy.redacted(), authority);
+    bhttp::request<bhttp::empty_body> req{bhttp::verb::connect, authority, 11};
+    req.set(bhttp::field::host, authority);
+    req.set(bhttp::field::user_agent, options.user_agent);
+    if (auto auth = proxy.authorization(); !auth.empty()) req.set(bhttp::field::proxy_authorization, auth);
+    stream.expires_after(deadline);
+    auto [wec, wn] = co_await bhttp::async_write(stream, req, kTuple);
+    (void)wn;
+    if (wec) co_return socket_error(wec, "sending CONNECT to", where);
+
+    beast::flat_buffer buffer;
+    std::optional<bhttp::response_parser<bhttp::empty_body>> parser;
+    for (;;) {
+      parser.emplace();
+      parser->header_limit(kHeaderLimit);
+      // A 2xx answer to CONNECT has no body whatever its headers say; a refusal's body is not
+      // read because the connection is dropped.
+      parser->skip(true);
+      stream.expires_after(deadline);
+      auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser, kTuple);
+      (void)n;
+      if (ec) co_return socket_error(ec, "reading the answer of", where);
+      if (parser->get().result_int() >= 200) break;
+    }
+    const auto& answer = parser->get();
+    unsigned status = answer.result_int();
+    if (status < 200 || status > 299) {
+      std::string reason(answer.reason());
+      if (reason.empty()) reason = std::string(bhttp::obsolete_reason(answer.result()));
+      co_return make_error(Errc::network_error, fmt::format("proxy {} refused CONNECT to {}: {} {}",
+                                                            proxy.redacted(), authority, status, reason));
+    }
+    if (buffer.size() != 0)
+      co_return make_error(Errc::network_error,
+                           fmt::format("{}: the proxy sent data after its answer to CONNECT", where));
+    co_return Result<void>{};
+  }
+
+  // Opens a connection to the URL's origin: directly, or through the proxy that select_proxy()
+  // picks for this URL (each redirect target decides again, as NO_PROXY may differ). An https
+  // origin behind a proxy is reached through a CONNECT tunnel and its certificate is checked
+  // against the origin's name, not the proxy's; a plain http origin's requests go to the proxy.
+  // Each step (resolve, connect, CONNECT exchange, TLS handshake) gets the connect deadline.
   awaitable<Result<std::unique_ptr<Connection>>> open(const Url& url, std::chrono::milliseconds timeout) {
     auto deadline = effective(options.connect_timeout, timeout);
-    auto endpoints = co_await resolve(url, deadline);
-    if (!endpoints) co_return endpoints.error();
+    auto proxy = select_proxy(options.proxy, url);
+    if (!proxy) co_return proxy.error();
     auto conn = std::make_unique<Connection>();
     if (url.scheme == "https") conn->tls.emplace(executor, tls_context);
     else conn->tcp.emplace(executor);
     auto& lowest = conn->lowest();
-    lowest.expires_after(deadline);
-    auto [ec, ep] = co_await lowest.async_connect(*endpoints, kTuple);
-    (void)ep;
-    if (ec) co_return socket_error(ec, "connecting to", url);
-    if (!conn->tls) co_return conn;
+    if (*proxy) {
+      const ProxyEndpoint& p = **proxy;
+      const std::string where = fmt::format("proxy {} (for {})", p.redacted(), url.redacted());
+      auto endpoints = co_await resolve(p.host, p.port, where, deadline);
+      if (!endpoints) co_return endpoints.error();
+      lowest.expires_after(deadline);
+      auto [ec, ep] = co_await lowest.async_connect(*endpoints, kTuple);
+      (void)ep;
+      if (ec) co_return socket_error(ec, "connecting to", where);
+      if (!conn->tls) {
+        conn->forward_proxy = p;
+        co_return conn;
+      }
+      if (auto t = co_await tunnel(lowest, p, url, deadline); !t) co_return t.error();
+    } else {
+      auto endpoints = co_await resolve(url.host, url.port, url.redacted(), deadline);
+      if (!endpoints) co_return endpoints.error();
+      lowest.expires_after(deadline);
+      auto [ec, ep] = co_await lowest.async_connect(*endpoints, kTuple);
+      (void)ep;
+      if (ec) co_return socket_error(ec, "connecting to", url);
+      if (!conn->tls) co_return conn;
+    }
 
     SSL* handle = conn->tls->native_handle();
     if (!is_ip_address(url.host) && !SSL_set_tlsext_host_name(handle, url.host.c_str()))
       co_return make_error(Errc::network_error, fmt::format("TLS with {}: cannot set the server name", url.redacted()));
-    conn->tls->set_verify_callback(ssl::host_name_verification(url.host));
+    // OpenSSL checks the name (or address) itself, so that a mismatch is reported as "hostname
+    // mismatch" rather than the unspecified error a verify callback leaves behind. Through a
+    // proxy this is still the origin's name: the proxy only relays the bytes.
+    X509_VERIFY_PARAM* param = SSL_get0_param(handle);
+    int named = is_ip_address(url.host) ? X509_VERIFY_PARAM_set1_ip_asc(param, url.host.c_str())
+                                        : SSL_set1_host(handle, url.host.c_str());
+    if (!named)
+      co_return make_error(Errc::network_error, fmt::format("TLS with {}: cannot set the name to verify", url.redacted()));
     lowest.expires_after(deadline);
     auto [hec] = co_await conn->tls->async_handshake(ssl::stream_base::client, kTuple);
     if (hec) {
@@ -439,12 +879,16 @@ struct Client::Impl {
     co_return conn;
   }
 
-  bhttp::request<bhttp::string_body> build(const Request& r, const Url& url, const std::string& first_origin) {
+  // `forward_proxy`: the proxy a plain http request is sent to, which needs the absolute form
+  // of the target (RFC 9112 section 3.2.2) and gets its own credentials.
+  bhttp::request<bhttp::string_body> build(const Request& r, const Url& url, const std::string& first_origin,
+                                           const ProxyEndpoint* forward_proxy) {
     bhttp::request<bhttp::string_body> req;
     auto verb = bhttp::string_to_verb(r.method);
     if (verb == bhttp::verb::unknown) req.method_string(r.method);
     else req.method(verb);
-    req.target(url.target);
+    req.target(forward_proxy ? fmt::format("{}://{}:{}{}", url.scheme, host_for_url(url.host), url.port, url.target)
+                             : url.target);
     req.version(11);
     req.set(bhttp::field::host,
             url.port == default_port(url.scheme) ? host_for_url(url.host)
@@ -454,7 +898,7 @@ struct Client::Impl {
     bool same_origin = url.origin() == first_origin;
     bool has_auth = false;
     for (const auto& [k, v] : r.headers.items) {
-      if (iequals(k, "host")) continue;
+      if (iequals(k, "host") || iequals(k, "proxy-authorization")) continue;
       if (iequals(k, "authorization")) {
         if (!same_origin) continue;  // a caller's credentials never follow a redirect elsewhere
         has_auth = true;
@@ -463,6 +907,8 @@ struct Client::Impl {
     }
     if (!has_auth && !options.bearer_token.empty() && !auth_origin.empty() && url.origin() == auth_origin)
       req.set(bhttp::field::authorization, "Bearer " + options.bearer_token);
+    if (forward_proxy)
+      if (auto auth = forward_proxy->authorization(); !auth.empty()) req.set(bhttp::field::proxy_authorization, auth);
     if (!r.body.empty()) {
       req.body() = r.body;
       if (!r.content_type.empty()) req.set(bhttp::field::content_type, r.content_type);
@@ -493,7 +939,7 @@ struct Client::Impl {
     for (;;) {
       auto conn = co_await open(url, request.timeout);
       if (!conn) co_return conn.error();
-      auto req = build(request, url, first_origin);
+      auto req = build(request, url, first_origin, (*conn)->forward_proxy ? &*(*conn)->forward_proxy : nullptr);
       unsigned left = redirects.size() >= options.max_redirects
                           ? 0u
                           : options.max_redirects - static_cast<unsigned>(redirects.size());

@@ -3,6 +3,8 @@
 // http and https (certificate and hostname verification against the system store plus an
 // optional CA file, SNI), redirects with the token policy of hub-protocol.md ("Authorization"),
 // a deadline on every socket operation, and bodies either collected or streamed to a sink.
+// Proxies as curl reads them (http_proxy, HTTPS_PROXY, NO_PROXY): https goes through a CONNECT
+// tunnel (TLS end to end with the origin), plain http is sent to the proxy in absolute form.
 
 #include "util/error.hpp"
 
@@ -88,6 +90,56 @@ struct Response {
   std::string body;
 };
 
+/// Which proxies a client uses, in curl's terms; all empty (the default) means direct connections.
+struct ProxyConfig {
+  std::string http_proxy;   ///< proxy for http URLs: "http://[user:pass@]host[:port]" or "host:port"
+  std::string https_proxy;  ///< proxy for https URLs (reached with CONNECT), same syntax
+  std::string no_proxy;     ///< comma-separated hosts, domain suffixes, IP addresses and CIDR
+                            ///< blocks (each with an optional ":port") reached directly; "*": all
+
+  /// Reads the environment as curl does: https_proxy (else HTTPS_PROXY), http_proxy only in
+  /// lower case (HTTP_PROXY may be set by a CGI "Proxy:" header), no_proxy (else NO_PROXY);
+  /// never fails, unset variables give empty fields.
+  static ProxyConfig from_environment();
+
+  /// True when no proxy is configured at all.
+  bool empty() const { return http_proxy.empty() && https_proxy.empty(); }
+};
+
+/// A parsed proxy URL; only "http" proxies (plain TCP to the proxy) are supported.
+struct ProxyEndpoint {
+  std::string host;  ///< name or address, without brackets
+  std::uint16_t port = 1080;  ///< curl's default when the URL names none
+  std::string username;  ///< percent-decoded; empty: no Proxy-Authorization
+  std::string password;  ///< percent-decoded
+
+  /// Parses "http://[user:pass@]host[:port][/]" or "[user:pass@]host[:port]" (http assumed);
+  /// config_invalid for bad syntax or an "https://"/"socks" proxy, with a message that names
+  /// `setting` (e.g. "https_proxy") and never the credentials.
+  static Result<ProxyEndpoint> parse(std::string_view text, std::string_view setting);
+
+  /// "http://host:port", for messages and logs: the credentials are never shown.
+  std::string redacted() const;
+
+  /// The value of Proxy-Authorization ("Basic " + base64 of "user:pass"), or "" without a user.
+  std::string authorization() const;
+};
+
+/// True when `no_proxy` (ProxyConfig::no_proxy syntax) says `url` is reached directly: an entry
+/// matches the host itself, a subdomain of it (".example.com" and "example.com" both match
+/// "a.example.com"), an IP address in its CIDR block, and with ":port" only that port.
+bool bypasses_proxy(std::string_view no_proxy, const Url& url);
+
+/// The proxy that `url` goes through under `config` (https_proxy for https, http_proxy for
+/// http), or nullopt for a direct connection; config_invalid when the chosen proxy does not parse.
+Result<std::optional<ProxyEndpoint>> select_proxy(const ProxyConfig& config, const Url& url);
+
+/// The wait a Retry-After header value asks for, in whole seconds: delta-seconds ("120") or an
+/// HTTP-date in any of the three forms of RFC 9110 section 5.6.7 compared with `now` (rounded
+/// up; a date in the past gives 0 s); nullopt when the value is neither.
+std::optional<std::chrono::seconds> parse_retry_after(std::string_view value,
+                                                      std::chrono::system_clock::time_point now);
+
 /// Settings of a client; one client serves one Hub (or local servers, with no token).
 struct ClientOptions {
   std::string auth_origin;   ///< origin ("https://host:443") that may receive the token; empty: none
@@ -98,6 +150,7 @@ struct ClientOptions {
                                                                        ///< writing the request
   unsigned max_redirects = 10;
   std::string user_agent = "modeld/" MODELD_VERSION;
+  ProxyConfig proxy;  ///< proxies to use; empty: direct (the daemon sets ProxyConfig::from_environment())
 };
 
 /// Receives a streamed body: called once with the final head (return an error to abort, e.g. a
@@ -117,9 +170,12 @@ class Client {
   /// Sends `request`, follows redirects (dropping the token whenever the target leaves
   /// auth_origin, and an "Authorization" of `request.headers` whenever it leaves the request's
   /// origin) and collects a body of at most `max_body` bytes; a non-2xx status is not an error
-  /// here. Errors: network_error (connect, TLS, write or read failed, body cut short), timeout,
-  /// hub_bad_response (too many redirects, body over the limit, a malformed answer), cancelled
-  /// (the awaiting coroutine's cancellation slot fired). Messages name the URL without its query.
+  /// here. Each hop (the first URL and every redirect target) picks its proxy with
+  /// select_proxy(). Errors: network_error (connect, TLS, write or read failed, body cut short,
+  /// a proxy that refused CONNECT), timeout, hub_bad_response (too many redirects, body over the
+  /// limit, a malformed answer), config_invalid (the chosen proxy setting does not parse),
+  /// cancelled (the awaiting coroutine's cancellation slot fired). Messages name the URL without
+  /// its query, and a proxy as "http://host:port" without its credentials.
   boost::asio::awaitable<Result<Response>> request(Request request, std::size_t max_body = 64u << 20);
 
   /// Like request(), but hands the body to `sink` as it arrives, in blocks of at most 1 MiB (a

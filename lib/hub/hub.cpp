@@ -47,14 +47,13 @@ std::string excerpt(std::string_view text, std::size_t limit) {
 
 bool retryable_status(unsigned status) { return status == 408 || status == 429 || (status >= 500 && status < 600); }
 
-// Retry-After in seconds (the HTTP-date form is rare on the Hub and is ignored).
+// Retry-After as seconds or an HTTP-date (RFC 9110 10.2.3).
 std::optional<std::chrono::milliseconds> retry_after(const http::ResponseHead& head) {
   auto v = head.headers.get("Retry-After");
   if (!v) return std::nullopt;
-  unsigned long seconds = 0;
-  auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), seconds);
-  if (ec != std::errc() || p != v->data() + v->size()) return std::nullopt;
-  return std::chrono::milliseconds(std::min<unsigned long>(seconds, 24 * 3600) * 1000);
+  auto s = http::parse_retry_after(*v, std::chrono::system_clock::now());
+  if (!s) return std::nullopt;
+  return std::chrono::milliseconds(std::min<std::chrono::seconds>(*s, std::chrono::hours(24)));
 }
 
 bool valid_repo_id(std::string_view repo) {

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _openssl(*args: str) -> None:
+    r = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"openssl {' '.join(args[:2])} failed: {r.stderr.strip()}")
+
+
+def make_ca(folder: Path, name: str = "modeld test CA") -> tuple[Path, Path]:
+    """Creates a self-signed CA (RSA 2048, valid 2 days) in `folder`; returns (cert.pem, key.pem)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = folder / "ca.pem", folder / "ca.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+             "-days", "2", "-subj", f"/CN={name}",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    return cert, key
+
+
+def make_leaf(ca: tuple[Path, Path], folder: Path, stem: str,
+              sans: str = "DNS:localhost,IP:127.0.0.1") -> tuple[Path, Path]:
+    """Creates a server certificate signed by `ca` for the subjectAltName list `sans`;
+    returns (stem.pem, stem.key) in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key, csr, ext = (folder / f"{stem}.pem", folder / f"{stem}.key", folder / f"{stem}.csr",
+                           folder / f"{stem}.ext")
+    ext.write_text(f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\n"
+                   "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+             "-subj", f"/CN={sans.split(',')[0].split(':', 1)[1]}")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+             "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(ext))
+    return cert, key
+
+
 class Hub:
     """The bundled Hub fixture serving repositories from a folder."""
 
@@ -69,7 +103,8 @@ class Hub:
             stdout=self.log, stderr=subprocess.STDOUT)
         ports = wait_for("the hub's ready file", self._ports, timeout=120)
         self.port, self.cdn_port = ports["hub_port"], ports["cdn_port"]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.tls = "--tls-cert" in (extra_args or [])
+        self.endpoint = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def _ports(self):
         if self.proc.poll() is not None:
@@ -82,6 +117,14 @@ class Hub:
         if not self.request_log.exists():
             return []
         return [json.loads(line) for line in self.request_log.read_text().splitlines() if line.strip()]
+
+    def stats(self) -> dict:
+        """The hub's byte counter (GET /_fixture/stats): {"hub_body_bytes", "cdn_body_bytes",
+        "by_path": {"ORG/NAME/PATH": bytes}, "requests"}."""
+        # The test reads its own fixture: no need to verify the fixture's certificate here.
+        ctx = ssl._create_unverified_context() if self.tls else None  # noqa: S323
+        with urllib.request.urlopen(f"{self.endpoint}/_fixture/stats", timeout=10, context=ctx) as r:
+            return json.loads(r.read())
 
     def stop(self):
         if self.proc.poll() is None:
@@ -117,7 +160,10 @@ class ModeldEnv:
     """modeld under a namespaced systemd with the bundled hub; use as a context manager."""
 
     def __init__(self, workdir: Path | None = None, models: dict[str, dict] | None = None,
-                 hub_args: list[str] | None = None, config_extra: str = "", keep: bool = False):
+                 hub_args: list[str] | None = None, config_extra: str = "", keep: bool = False,
+                 environment: dict[str, str] | None = None):
+        """`config_extra` goes into the [hub] table of the configuration; `environment` becomes
+        Environment= lines of modeld.service's test drop-in (e.g. HTTPS_PROXY, NO_PROXY)."""
         self.own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="modeld-test-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +175,9 @@ class ModeldEnv:
         self.models = models or {}
         self.hub_args = hub_args or []
         self.config_extra = config_extra
+        self.environment = dict(environment or {})
+        self.endpoint: str | None = None  # [hub] endpoint; None: the bundled hub's
+        self.model_tables = ""
         self.keep = keep
         self.hub: Hub | None = None
         self.systemd: NamespacedSystemd | None = None
@@ -144,6 +193,7 @@ class ModeldEnv:
         return out
 
     def write_config(self, model_tables: str):
+        self.model_tables = model_tables
         self.config.write_text(f"""
 [daemon]
 models_dir = "{self.models_dir}"
@@ -156,7 +206,7 @@ disk_reserve = "0"
 group = "root"
 
 [hub]
-endpoint = "{self.hub.endpoint}"
+endpoint = "{self.endpoint or self.hub.endpoint}"
 parallel_files = 4
 {self.config_extra}
 {model_tables}
@@ -183,14 +233,31 @@ parallel_files = 4
         for unit in ("modeld.service", "modeld-serve@.service"):
             sd.run(["cp", str(SOURCE_DIR / "systemd" / unit), f"/run/systemd/system/{unit}"])
         dropin = self.workdir / "modeld-test.conf"
+        extra_env = "".join(f'Environment="{k}={v}"\n' for k, v in self.environment.items())
         dropin.write_text(f"""[Service]
 ExecStart=
 ExecStart={self.modeld} --config {self.config}
 Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-""")
+{extra_env}""")
         sd.run(["mkdir", "-p", "/run/systemd/system/modeld.service.d"])
         sd.run(["cp", str(dropin), "/run/systemd/system/modeld.service.d/50-test.conf"])
         sd.run(["systemctl", "daemon-reload"])
+
+    def reconfigure(self, *, config_extra: str | None = None, environment: dict[str, str] | None = None,
+                    endpoint: str | None = None) -> None:
+        """Rewrites the configuration ([hub] extra lines, endpoint) and the drop-in's environment
+        (None: unchanged), then restarts modeld and waits for its socket."""
+        if config_extra is not None:
+            self.config_extra = config_extra
+        if environment is not None:
+            self.environment = dict(environment)
+        if endpoint is not None:
+            self.endpoint = endpoint
+        self.write_config(self.model_tables)
+        self.install_units()
+        self.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+        wait_for("modeld's control socket after a restart", lambda: self.modelctl("status").returncode == 0,
+                 timeout=60)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -219,6 +286,16 @@ Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
         InactiveEnterTimestampMonotonic; systemd records these itself at each state change."""
         out = self.systemd.run(["systemctl", "show", "-p", prop, "--value", unit], check=True).stdout
         return int(out.strip() or 0)
+
+    def main_pid(self, unit: str = "modeld.service") -> int:
+        """The unit's main PID as the namespace sees it (0 when it is not running)."""
+        out = self.systemd.run(["systemctl", "show", "-p", "MainPID", "--value", unit], check=True).stdout
+        return int(out.strip() or 0)
+
+    def kill_modeld(self, signal_name: str = "KILL") -> None:
+        """Sends a signal to modeld's main process through the namespaced systemd."""
+        self.systemd.run(["systemctl", "kill", "-s", signal_name, "--kill-who=main", "modeld.service"],
+                         check=True)
 
     def unit_state(self, unit: str) -> str:
         return self.systemd.run(["systemctl", "show", "-p", "ActiveState", "--value", unit], check=False).stdout.strip()

@@ -570,6 +570,210 @@ def test_the_control_file_changes_faults_while_running(start_hub, tmp_path):
     assert fetch(url)[0] == 200
 
 
+def raw_get(port: int, path: str, timeout=10.0, headers=None, tls_ctx=None) -> socket.socket:
+    """Sends a GET on a fresh connection and returns the socket, unread."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    if tls_ctx is not None:
+        s = tls_ctx.wrap_socket(s, server_hostname="127.0.0.1")
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode())
+    return s
+
+
+def read_until_closed(s: socket.socket) -> tuple[bytes, BaseException | None]:
+    """Everything the peer sent until it closed (or reset: the error is returned)."""
+    data = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b:
+                return data, None
+            data += b
+    except OSError as e:
+        return data, e
+    finally:
+        s.close()
+
+
+def cdn_path(hub: Hub, name: str) -> str:
+    st, h, _ = fetch(f"{hub.url}/{REPO}/resolve/main/{name}")
+    assert st == 302
+    loc = urllib.parse.urlsplit(h["Location"])
+    return f"{loc.path}?{loc.query}"
+
+
+def stats(hub: Hub) -> dict:
+    st, _, body = fetch(f"{hub.url}/_fixture/stats")
+    assert st == 200
+    return json.loads(body)
+
+
+def test_the_byte_counter_counts_body_bytes_per_origin_and_file(hub, repos):
+    name = "model-00002-of-00003.safetensors"
+    size = (repos / REPO / name).stat().st_size
+    before = stats(hub)
+    assert before["hub_body_bytes"] == before["cdn_body_bytes"] == before["requests"] == 0
+    assert before["by_path"] == {}
+    st, h, redirect_body = fetch(f"{hub.url}/{REPO}/resolve/main/{name}")
+    st, _, body = fetch(h["Location"], headers={"Range": "bytes=1000-"})
+    assert st == 206
+    config = (repos / REPO / "config.json").read_bytes()
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/config.json")[2] == config
+    after = stats(hub)
+    assert after["cdn_body_bytes"] == size - 1000
+    assert after["by_path"] == {f"{REPO}/{name}": size - 1000, f"{REPO}/config.json": len(config)}
+    assert after["hub_body_bytes"] == len(redirect_body) + len(config)
+    assert after["requests"] == 3  # the stats route is neither counted nor logged
+    assert [r["file"] for r in hub.records()] == [f"{REPO}/{name}"] * 2 + [f"{REPO}/config.json"]
+    # HEAD sends no body.
+    fetch(f"{hub.url}/{REPO}/resolve/main/config.json", method="HEAD")
+    assert stats(hub)["hub_body_bytes"] == after["hub_body_bytes"]
+
+
+def test_chunked_cut_sends_half_in_chunks_without_the_last_chunk(start_hub, repos):
+    hub = start_hub("--chunked-cut", "model-00001*")
+    name = "model-00001-of-00003.safetensors"
+    data = (repos / REPO / name).read_bytes()
+    raw, err = read_until_closed(raw_get(hub.cdn_port, cdn_path(hub, name)))
+    assert err is None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head and b"Content-Length" not in head
+    payload, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        n = int(size_line, 16)
+        assert n > 0, "the final 0-size chunk must not be sent"
+        payload += rest[:n]
+        assert rest[n:n + 2] == b"\r\n"
+        rest = rest[n + 2:]
+    assert payload == data[:len(data) // 2]
+    assert stats(hub)["by_path"][f"{REPO}/{name}"] == len(data) // 2
+    st, h, body = fetch(f"http://127.0.0.1:{hub.cdn_port}{cdn_path(hub, name)}")
+    assert st == 200 and body == data and "Transfer-Encoding" not in h  # once only
+
+
+def test_reset_sends_part_of_the_body_then_an_rst(start_hub, repos):
+    hub = start_hub("--reset", "big.bin")
+    data = (repos / REPO / "big.bin").read_bytes()
+    raw, err = read_until_closed(raw_get(hub.cdn_port, cdn_path(hub, "big.bin")))
+    assert isinstance(err, ConnectionResetError), (err, len(raw))
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and f"Content-Length: {len(data)}".encode() in head
+    assert body == data[:len(data) // 2]  # every byte sent arrived before the reset
+    assert stats(hub)["by_path"][f"{REPO}/big.bin"] == len(data) // 2
+    assert fetch(f"http://127.0.0.1:{hub.cdn_port}{cdn_path(hub, 'big.bin')}")[2] == data
+
+
+def test_no_answer_reads_the_request_and_stays_silent(start_hub, repos):
+    hub = start_hub("--no-answer", "README.md", "--stall-seconds", "30")
+    s = raw_get(hub.hub_port, f"/{REPO}/resolve/main/README.md", timeout=0.5)
+    try:
+        with pytest.raises((socket.timeout, TimeoutError)):
+            s.recv(1)
+    finally:
+        s.close()
+    assert [r["file"] for r in hub.records()] == [f"{REPO}/README.md"]  # it was read
+    st, _, body = fetch(f"{hub.url}/{REPO}/resolve/main/README.md")
+    assert st == 200 and body == (repos / REPO / "README.md").read_bytes()
+    assert hub.proc.terminate(timeout=10) == 0  # a silent connection does not hold up shutdown
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
+def test_fail_status_works_for_every_retryable_status(start_hub, status):
+    hub = start_hub("--fail-first", "1", "--fail-glob", "config.json", "--fail-status", str(status),
+                    "--retry-after", "3")
+    st, h, body = fetch(f"{hub.url}/{REPO}/resolve/main/config.json")
+    assert st == status and h["Retry-After"] == "3" and "error" in json.loads(body)
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/config.json")[0] == 200
+
+
+def test_retry_after_is_sent_verbatim_as_an_http_date(start_hub):
+    import email.utils
+    date = email.utils.formatdate(time.time() + 2, usegmt=True)
+    hub = start_hub("--fail-first", "1", "--retry-after", date)
+    st, h, _ = fetch(f"{hub.url}/{REPO}/resolve/main/config.json")
+    assert st == 503 and h["Retry-After"] == date
+
+
+def test_lfs_pointer_answers_the_pointer_text_instead_of_a_redirect(start_hub, repos):
+    hub = start_hub("--lfs-pointer", "*.safetensors")
+    name = "model-00003-of-00003.safetensors"
+    data = (repos / REPO / name).read_bytes()
+    st, h, body = fetch(f"{hub.url}/{REPO}/resolve/main/{name}")
+    assert st == 200 and body == lfs_pointer(data) and 120 <= len(body) <= 140
+    assert int(h["Content-Length"]) == len(body) and "X-Linked-Etag" not in h and "Location" not in h
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/big.bin")[0] == 302  # LFS but not matched
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/{name}", method="HEAD")[0] == 302  # HEAD: never
+
+
+def test_range_416_refuses_the_first_ranged_download_once(start_hub, repos):
+    hub = start_hub("--range-416", "config.json")
+    data = (repos / REPO / "config.json").read_bytes()
+    url = f"{hub.url}/{REPO}/resolve/main/config.json"
+    assert fetch(url)[0] == 200  # no Range: not matched, not counted
+    st, h, _ = fetch(url, headers={"Range": "bytes=10-"})
+    assert st == 416 and h["Content-Range"] == f"bytes */{len(data)}"
+    st, _, body = fetch(url, headers={"Range": "bytes=10-"})
+    assert st == 206 and body == data[10:]
+
+
+def test_listing_fail_is_switched_through_the_control_file(start_hub, tmp_path, repos):
+    control = tmp_path / "faults.json"
+    hub = start_hub("--control", control, "--retry-after", "1")
+    listing = f"{hub.url}/api/models/{REPO}/revision/main?blobs=true"
+    assert fetch(listing)[0] == 200
+    tmp = tmp_path / "faults.tmp"
+    tmp.write_text(json.dumps({"listing_fail": True}))
+    os.replace(tmp, control)
+    st, h, body = fetch(listing)
+    assert st == 503 and h["Retry-After"] == "1" and "error" in json.loads(body)
+    assert fetch(f"{hub.url}/api/models/{REPO}/tree/main?recursive=true")[0] == 503
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/config.json")[0] == 200  # downloads still work
+    tmp.write_text(json.dumps({"listing_fail": 500}))
+    os.replace(tmp, control)
+    assert fetch(listing)[0] == 500
+    control.unlink()
+    assert fetch(listing)[0] == 200
+    hub2 = start_hub("--listing-fail")
+    assert fetch(f"{hub2.url}/api/models/{REPO}/revision/main")[0] == 503
+
+
+def test_tls_serves_both_origins_with_the_given_certificate(start_hub, tmp_path, repos):
+    import ssl
+    from modeld_env import make_ca, make_leaf
+    ca = make_ca(tmp_path / "pki")
+    cert, key = make_leaf(ca, tmp_path / "pki", "hub")
+    hub = start_hub("--tls-cert", cert, "--tls-key", key)
+    ctx = ssl.create_default_context(cafile=str(ca[0]))
+    https = urllib.request.build_opener(NoRedirect, urllib.request.HTTPSHandler(context=ctx))
+    base = f"https://127.0.0.1:{hub.hub_port}"
+    with https.open(f"{base}/api/models/{REPO}/revision/main") as r:
+        assert r.status == 200 and json.loads(r.read())["id"] == REPO
+    name = "model-00001-of-00003.safetensors"
+    try:
+        https.open(f"{base}/{REPO}/resolve/main/{name}")
+        pytest.fail("expected a redirect")
+    except urllib.error.HTTPError as e:
+        assert e.code == 302
+        loc = e.headers["Location"]
+        e.close()
+    assert loc.startswith(f"https://127.0.0.1:{hub.cdn_port}/")
+    with https.open(loc) as r:
+        assert r.read() == (repos / REPO / name).read_bytes()
+    # A client that does not trust the CA refuses it; a plain-HTTP client gets nothing useful,
+    # and neither blocks the next client.
+    with pytest.raises(urllib.error.URLError) as e:
+        urllib.request.urlopen(f"{base}/api/models/{REPO}/revision/main", timeout=10,
+                               context=ssl.create_default_context())
+    assert "CERTIFICATE_VERIFY_FAILED" in str(e.value)
+    silent = socket.create_connection(("127.0.0.1", hub.hub_port))
+    try:
+        with https.open(f"{base}/_fixture/stats") as r:
+            assert json.loads(r.read())["cdn_body_bytes"] == (repos / REPO / name).stat().st_size
+    finally:
+        silent.close()
+
+
 def test_the_hub_exits_0_on_sigterm(start_hub):
     hub = start_hub()
     assert fetch(f"{hub.url}/api/models/{REPO}/revision/main")[0] == 200

@@ -9,6 +9,11 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <ctime>
 
 #include <atomic>
 #include <chrono>
@@ -16,6 +21,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,18 +91,22 @@ std::string header(const bhttp::request<bhttp::string_body>& req, std::string_vi
   return it == req.end() ? std::string("<none>") : std::string(it->value());
 }
 
-// Answers with `content`, honouring "Range: bytes=N-" with 206 and Content-Range, as the CDN does.
+// Answers with `content`, honouring "Range: bytes=N-" and "bytes=N-M" with 206 and
+// Content-Range, as the CDN does.
 awaitable<void> serve_content(Exchange& ex, const std::string& content) {
   std::string range = header(ex.request, "Range");
-  if (range.starts_with("bytes=") && range.ends_with("-")) {
-    std::uint64_t start = std::stoull(range.substr(6));
+  if (range.starts_with("bytes=")) {
+    auto dash = range.find('-');
+    std::uint64_t start = std::stoull(range.substr(6, dash - 6));
+    std::uint64_t last = content.size() - 1;
+    if (dash + 1 < range.size()) last = std::min<std::uint64_t>(last, std::stoull(range.substr(dash + 1)));
     if (start >= content.size()) {
       HeaderList h{{"Content-Range", fmt::format("bytes */{}", content.size())}};
       co_await ex.respond(416, "", std::move(h));
       co_return;
     }
-    HeaderList h{{"Content-Range", fmt::format("bytes {}-{}/{}", start, content.size() - 1, content.size())}};
-    co_await ex.respond(206, content.substr(start), std::move(h));
+    HeaderList h{{"Content-Range", fmt::format("bytes {}-{}/{}", start, last, content.size())}};
+    co_await ex.respond(206, content.substr(start, last + 1 - start), std::move(h));
     co_return;
   }
   co_await ex.respond(200, content);
@@ -397,14 +407,27 @@ TEST_CASE("the first failure stops the other files and is the one returned") {
   env.options.parallel_files = 2;
   auto big = random_bytes(400000, 14);
   env.content["big.bin"] = big;
+  bool big_sent = false;
   env.on_file = [&](Exchange& ex, const std::string& path) -> awaitable<void> {
     if (path == "big.bin") {
       co_await ex.write(fmt::format("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", big.size()) + big.substr(0, 1000));
+      big_sent = true;
       co_await ex.stall();
       co_return;
     }
-    co_await serve_content(ex, env.content.at(path));
+    // Fail only once big.bin has bytes to keep (the client reads them long before this timer);
+    // opening a partial fsyncs, which a busy disk can make slow, hence the generous deadline.
+    asio::steady_timer t(co_await asio::this_coro::executor);
+    for (int i = 0; i < 2000 && !big_sent; ++i) {
+      t.expires_after(std::chrono::milliseconds(5));
+      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    t.expires_after(std::chrono::milliseconds(20));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    HeaderList h{{"X-Error-Code", "EntryNotFound"}};
+    co_await ex.respond(404, "Entry not found", std::move(h));
   };
+  env.content["missing.bin"] = "";  // so that on_file answers it (with a 404)
   auto start = std::chrono::steady_clock::now();
   auto r = env.fetch({lfs_file("big.bin", big), git_file("missing.bin", "x")});
   REQUIRE(!r);
@@ -627,4 +650,314 @@ TEST_CASE("an LFS body cut short at the CDN resumes with Range through the redir
   CHECK(read_all(env.final_path("model.safetensors")) == bytes);
   REQUIRE(env.cdn.requests().size() == 2);
   CHECK(header(env.cdn.requests()[1], "Range") == fmt::format("bytes={}-", cut));
+}
+
+// --- multi-part download, resume by ranges, shared retries ------------------------------------
+
+namespace {
+
+std::vector<std::string> ranges_asked(const TestServer& server) {
+  std::vector<std::string> out;
+  for (const auto& r : server.requests()) out.push_back(header(r, "Range"));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A sidecar with byte ranges, as PartialFile::record writes it.
+std::string sidecar_with_ranges(const hub::RepoFile& f, const std::string& boot_id,
+                                const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
+                                const std::vector<std::pair<std::uint64_t, std::uint64_t>>& synced) {
+  auto kind = f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1;
+  auto j = nlohmann::json::parse(
+      fetch::Sidecar{kCommit, f.path, f.size, kind, f.is_lfs() ? *f.lfs_sha256 : f.blob_id}.to_json());
+  j["boot_id"] = boot_id;
+  j["ranges"] = nlohmann::json::array();
+  for (auto [b, e] : ranges) j["ranges"].push_back({b, e});
+  j["synced"] = nlohmann::json::array();
+  for (auto [b, e] : synced) j["synced"].push_back({b, e});
+  return j.dump();
+}
+
+// A partial holding `content` only in `ranges` (zeros elsewhere).
+void write_partial(Env& env, const hub::RepoFile& f, const std::string& content,
+                   const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, const std::string& sidecar) {
+  std::string data(ranges.empty() ? 0 : ranges.back().second, '\0');
+  for (auto [b, e] : ranges) data.replace(b, e - b, content.substr(b, e - b));
+  write_all(env.part_path(f.path), data);
+  write_all(fs::path(env.part_path(f.path)) += ".json", sidecar);
+}
+
+}  // namespace
+
+TEST_CASE("byte range sets merge neighbours and list their holes") {
+  fetch::RangeSet set;
+  set.add({10, 20});
+  set.add({30, 40});
+  set.add({20, 25});  // touches the first
+  set.add({0, 0});    // empty: ignored
+  REQUIRE(set.items().size() == 2);
+  CHECK(set.items()[0] == fetch::ByteRange{10, 25});
+  CHECK(set.contiguous_end(12) == 25);
+  CHECK(set.contiguous_end(25) == 25);
+  CHECK(set.total() == 25);
+  auto holes = set.gaps(50);
+  REQUIRE(holes.size() == 3);
+  CHECK(holes[0] == fetch::ByteRange{0, 10});
+  CHECK(holes[1] == fetch::ByteRange{25, 30});
+  CHECK(holes[2] == fetch::ByteRange{40, 50});
+  set.add({5, 35});  // bridges both
+  REQUIRE(set.items().size() == 1);
+  CHECK(set.items()[0] == fetch::ByteRange{5, 40});
+  set.clip(38);
+  CHECK(set.items()[0] == fetch::ByteRange{5, 38});
+  CHECK(set.gaps(38).size() == 1);
+}
+
+TEST_CASE("a single large file is fetched in parts over several connections") {
+  Env env;
+  env.options.parallel_files = 4;
+  env.options.min_part_size = 64 << 10;
+  auto bytes = random_bytes(1 << 20, 50);
+  env.content["big.safetensors"] = bytes;
+
+  auto r = env.fetch({lfs_file("big.safetensors", bytes)});
+  REQUIRE(error_of(r) == "ok");
+  CHECK(read_all(env.final_path("big.safetensors")) == bytes);
+  CHECK(env.no_partials());
+  auto asked = ranges_asked(env.hub_server);
+  INFO(fmt::format("{}", fmt::join(asked, ", ")));
+  // One request per connection at least; a connection that finishes its part early takes half
+  // of the largest part left, so there may be more.
+  CHECK(asked.size() >= 4);
+  std::set<std::uint64_t> starts;
+  for (const auto& a : asked) starts.insert(a == "<none>" ? 0 : std::stoull(a.substr(6)));
+  CHECK(starts.size() == asked.size());  // no byte range asked twice from the same start
+  CHECK(starts.count(0) == 1);
+}
+
+TEST_CASE("parts that arrive before the start of the file are hashed from disk in order") {
+  Env env;
+  env.options.parallel_files = 3;
+  env.options.min_part_size = 32 << 10;
+  auto bytes = random_bytes(600000, 51);
+  env.content["w.bin"] = bytes;
+  auto file = lfs_file("w.bin", bytes);
+  int later_served = 0;
+  env.on_file = [&](Exchange& ex, const std::string&) -> awaitable<void> {
+    std::string range = header(ex.request, "Range");
+    bool first_part = range == "<none>" || range.starts_with("bytes=0-");
+    if (first_part) {
+      // Hold the first part until both later parts are complete.
+      asio::steady_timer t(co_await asio::this_coro::executor);
+      for (int i = 0; i < 500 && later_served < 2; ++i) {
+        t.expires_after(std::chrono::milliseconds(10));
+        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
+    }
+    co_await serve_content(ex, bytes);
+    if (!first_part) ++later_served;
+  };
+
+  SECTION("the right bytes pass") {
+    auto r = env.fetch({file});
+    REQUIRE(error_of(r) == "ok");
+    CHECK(later_served >= 2);
+    CHECK(read_all(env.final_path("w.bin")) == bytes);
+  }
+  SECTION("a wrong digest is still caught") {
+    file.lfs_sha256 = std::string(64, '1');
+    auto r = env.fetch({file});
+    REQUIRE(!r);
+    CHECK(r.error().code == Errc::checksum_mismatch);
+    CHECK(!fs::exists(env.final_path("w.bin")));
+    CHECK(env.no_partials());
+  }
+}
+
+TEST_CASE("a partial with holes from the same boot continues with only the holes requested") {
+  Env env;
+  env.options.parallel_files = 2;
+  env.options.min_part_size = 1 << 30;  // no splitting: one request per hole
+  auto bytes = random_bytes(400000, 52);
+  env.content["w.bin"] = bytes;
+  auto file = lfs_file("w.bin", bytes);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> have = {{0, 100000}, {200000, 300000}};
+  write_partial(env, file, bytes, have, sidecar_with_ranges(file, fetch::current_boot_id(), have, {}));
+
+  auto r = env.fetch({file});
+  REQUIRE(error_of(r) == "ok");
+  CHECK(read_all(env.final_path("w.bin")) == bytes);
+  auto asked = ranges_asked(env.hub_server);
+  REQUIRE(asked.size() == 2);
+  CHECK(asked[0] == "bytes=100000-199999");
+  CHECK(asked[1] == "bytes=300000-");
+  CHECK(env.reports.front().bytes_done >= 200000);
+}
+
+TEST_CASE("after a reboot only the ranges of the last durable record are trusted") {
+  Env env;
+  env.options.min_part_size = 1 << 30;
+  auto bytes = random_bytes(300000, 53);
+  env.content["w.bin"] = bytes;
+  auto file = git_file("w.bin", bytes);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> have = {{0, 250000}};
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> synced = {{0, 120000}};
+  write_partial(env, file, bytes, have, sidecar_with_ranges(file, "another-boot", have, synced));
+
+  auto r = env.fetch({file});
+  REQUIRE(error_of(r) == "ok");
+  CHECK(read_all(env.final_path("w.bin")) == bytes);
+  auto asked = ranges_asked(env.hub_server);
+  REQUIRE(asked.size() == 1);
+  CHECK(asked[0] == "bytes=120000-");
+}
+
+TEST_CASE("the sidecar records the ranges written so a later run trusts them") {
+  Env env;
+  auto bytes = random_bytes(200000, 54);
+  auto file = git_file("w.bin", bytes);
+  fetch::PartialFile part(env.options.dest_dir,
+                          fetch::Sidecar{kCommit, "w.bin", bytes.size(), verify::HashKind::git_sha1, file.blob_id});
+  auto opened = part.open();
+  REQUIRE(opened.has_value());
+  CHECK(opened->empty());
+  REQUIRE(part.write_at(150000, std::span<const char>(bytes.data() + 150000, 50000)).has_value());
+  fetch::RangeSet written;
+  written.add({150000, 200000});
+  REQUIRE(part.record(written, false).has_value());
+  part.close();
+
+  fetch::PartialFile again(env.options.dest_dir,
+                           fetch::Sidecar{kCommit, "w.bin", bytes.size(), verify::HashKind::git_sha1, file.blob_id});
+  auto reopened = again.open();
+  REQUIRE(reopened.has_value());
+  CHECK(*reopened == written);
+}
+
+TEST_CASE("a Retry-After from one file pauses every connection of the run") {
+  Env env;
+  env.options.parallel_files = 2;
+  auto a = random_bytes(5000, 55);
+  auto b = random_bytes(5000, 56);
+  env.content["a.bin"] = a;
+  env.content["b.bin"] = b;
+  using Clock = std::chrono::steady_clock;
+  std::map<std::string, std::vector<Clock::time_point>> times;
+  env.on_file = [&](Exchange& ex, const std::string& path) -> awaitable<void> {
+    times[path].push_back(Clock::now());
+    if (times[path].size() == 1 && path == "a.bin") {
+      HeaderList h{{"Retry-After", "1"}};
+      co_await ex.respond(429, "slow down", std::move(h));
+      co_return;
+    }
+    if (times[path].size() == 1 && path == "b.bin") {
+      // Fail b just after a's 429 began the pause.
+      asio::steady_timer t(co_await asio::this_coro::executor);
+      t.expires_after(std::chrono::milliseconds(100));
+      co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_await ex.respond(503, "busy");
+      co_return;
+    }
+    co_await serve_content(ex, env.content.at(path));
+  };
+  auto r = env.fetch({git_file("a.bin", a), git_file("b.bin", b)});
+  REQUIRE(error_of(r) == "ok");
+  REQUIRE(times["a.bin"].size() == 2);
+  REQUIRE(times["b.bin"].size() == 2);
+  // b's own backoff is 1 ms here; its retry still waited for a's Retry-After.
+  CHECK(times["b.bin"][1] - times["a.bin"][0] >= std::chrono::milliseconds(950));
+}
+
+TEST_CASE("a Retry-After given as an HTTP-date is honoured") {
+  Env env;
+  auto bytes = random_bytes(2000, 57);
+  env.content["w.bin"] = bytes;
+  int calls = 0;
+  env.on_file = [&](Exchange& ex, const std::string&) -> awaitable<void> {
+    if (calls++ == 0) {
+      auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      std::tm tm{};
+      ::gmtime_r(&t, &tm);
+      char date[64];
+      std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+      HeaderList h{{"Retry-After", date}};
+      co_await ex.respond(503, "maintenance", std::move(h));
+      co_return;
+    }
+    co_await serve_content(ex, bytes);
+  };
+  auto start = std::chrono::steady_clock::now();
+  auto r = env.fetch({git_file("w.bin", bytes)});
+  REQUIRE(error_of(r) == "ok");
+  // The date has whole seconds: "2 s from now" is at least 1 s away.
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::seconds(1));
+}
+
+TEST_CASE("a Retry-After longer than the retry wait left fails at once") {
+  Env env;
+  env.options.max_retry_wait = std::chrono::seconds(60);
+  auto bytes = random_bytes(2000, 58);
+  env.content["w.bin"] = bytes;
+  env.on_file = [&](Exchange& ex, const std::string&) -> awaitable<void> {
+    HeaderList h{{"Retry-After", "3600"}};
+    co_await ex.respond(429, "quota", std::move(h));
+  };
+  auto start = std::chrono::steady_clock::now();
+  auto r = env.fetch({git_file("w.bin", bytes)});
+  REQUIRE(!r);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK_THAT(r.error().message, Catch::Contains("w.bin") && Catch::Contains("3600"));
+  CHECK(env.hub_server.requests().size() == 1);
+}
+
+TEST_CASE("a dead Hub spends one shared retry budget, not one per connection") {
+  Env env;
+  env.options.parallel_files = 3;
+  env.options.retry_budget = 3;
+  env.options.max_attempts = 10;
+  std::vector<hub::RepoFile> files;
+  for (int i = 0; i < 6; ++i) {
+    auto path = fmt::format("f{}.bin", i);
+    env.content[path] = random_bytes(1000, 60 + i);
+    files.push_back(git_file(path, env.content[path]));
+  }
+  env.on_file = [&](Exchange& ex, const std::string&) { return ex.respond(503, "down"); };
+  auto r = env.fetch(files);
+  REQUIRE(!r);
+  CHECK(r.error().code == Errc::hub_unavailable);
+  CHECK_THAT(r.error().message, Catch::Contains("failures in a row"));
+  // (retry_budget + 1) rounds of at most parallel_files requests; 6 files x 10 attempts without
+  // the shared budget.
+  CHECK(env.hub_server.requests().size() <= 3u * (3u + 1u));
+}
+
+TEST_CASE("a Git LFS pointer served instead of the file is size_mismatch saying so") {
+  Env env;
+  auto bytes = random_bytes(50000, 59);
+  env.content["model.safetensors"] = bytes;
+  auto file = lfs_file("model.safetensors", bytes);
+  std::string pointer = fmt::format("version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize {}\n",
+                                    *file.lfs_sha256, bytes.size());
+  env.on_file = [&](Exchange& ex, const std::string&) { return ex.respond(200, pointer); };
+  auto r = env.fetch({file});
+  REQUIRE(!r);
+  CHECK(r.error().code == Errc::size_mismatch);
+  CHECK_THAT(r.error().message, Catch::Contains("model.safetensors") && Catch::Contains("Git LFS pointer"));
+  CHECK(!fs::exists(env.final_path("model.safetensors")));
+}
+
+TEST_CASE("progress lists the files in flight with their bytes and connections") {
+  Env env;
+  env.options.parallel_files = 2;
+  env.options.min_part_size = 16 << 10;
+  auto bytes = random_bytes(300000, 70);
+  env.content["w.bin"] = bytes;
+  auto r = env.fetch({lfs_file("w.bin", bytes)});
+  REQUIRE(error_of(r) == "ok");
+  bool saw = false;
+  for (const auto& p : env.reports)
+    for (const auto& f : p.files)
+      if (f.path == "w.bin" && f.bytes_total == bytes.size() && f.bytes_done > 0) saw = true;
+  CHECK(saw);
+  CHECK(env.reports.back().bytes_done == bytes.size());
 }
