@@ -8,4 +8,9 @@ apt-get install -y -qq --no-install-recommends \
     build-essential cmake ninja-build ccache pkg-config git ca-certificates \
     libboost1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     catch2 libssl-dev libtomlplusplus-dev libcli11-dev \
-    systemd dbus util-linux procps curl python3 python3-pytest >/dev/null
+    systemd dbus util-linux procps curl python3 python3-pytest \
+    openssl tinyproxy mitmproxy aria2 >/dev/null
+# tinyproxy (a CONNECT proxy) and mitmproxy (a TLS-intercepting proxy, standing in for
+# Dragonfly) are real proxies for the tests; aria2 is a baseline of tests/bench/download.
+# The tinyproxy package starts a system service; the tests run their own instances.
+systemctl disable --now tinyproxy >/dev/null 2>&1 || true

@@ -34,6 +34,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -139,6 +141,45 @@ class RateLimiter {
   Clock::time_point last_ = Clock::now();
 };
 
+// A write block whose bytes sit at the same offset modulo kDirectAlign in memory as in the file,
+// in memory aligned to kDirectAlign, so the middle of every block can go out with O_DIRECT
+// (PartialFile::write_at); a block fills up to the next aligned file offset.
+class Block {
+ public:
+  // Allocates `capacity` bytes (a multiple of kDirectAlign).
+  void allocate(std::size_t capacity) {
+    buf_.reset(static_cast<char*>(std::aligned_alloc(kDirectAlign, capacity)));
+    if (!buf_) throw std::bad_alloc();
+    cap_ = capacity;
+  }
+  // Empties the block; its next byte belongs at file offset `offset`.
+  void start(std::uint64_t offset) {
+    lead_ = static_cast<std::size_t>(offset % kDirectAlign);
+    size_ = 0;
+  }
+  std::size_t room() const { return cap_ - lead_ - size_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::span<const char> bytes() const { return {buf_.get() + lead_, size_}; }
+  // The free room after the bytes, where the HTTP client may read the next bytes directly.
+  std::span<char> free_space() { return {buf_.get() + lead_ + size_, room()}; }
+  // Adds `d` to the bytes: without a copy when `d` is the start of free_space().
+  void take(std::span<const char> d) {
+    char* tail = buf_.get() + lead_ + size_;
+    if (d.data() != tail) std::memmove(tail, d.data(), d.size());
+    size_ += d.size();
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> buf_;
+  std::size_t cap_ = 0;
+  std::size_t lead_ = 0;
+  std::size_t size_ = 0;
+};
+
 struct Segment;
 
 // One file of the run. Everything here is touched on the io_context thread only, except the
@@ -197,7 +238,7 @@ struct Segment {
   std::uint64_t end;       // one past the last byte to fetch; a split lowers it
   std::uint64_t received;  // next byte to receive (the block holds [flushed, received))
   std::uint64_t flushed;   // next byte to write
-  std::vector<char> block;
+  Block block;
 };
 
 // What all workers of one run share; lives in the run's coroutine frame, which outlives them.
@@ -208,7 +249,9 @@ struct RunState {
         client(c),
         pool(p),
         options(o),
-        block_size(std::clamp<std::size_t>((16u << 20) / std::max(1u, o.parallel_files), 256u << 10, 2u << 20)),
+        // A multiple of 64 KiB (O_DIRECT alignment), ~16 MiB for all connections together.
+        block_size(std::clamp<std::size_t>((16u << 20) / std::max(1u, o.parallel_files), 256u << 10, 2u << 20) /
+                   (64u << 10) * (64u << 10)),
         limiter(o.max_bytes_per_s),
         on_progress(std::move(cb)) {
     for (const auto& f : list) files.push_back(std::make_unique<FileState>(o, f));
@@ -519,7 +562,7 @@ awaitable<Result<void>> restart_file(RunState& s, FileState& f, Segment& seg) {
   f.holes.clear();
   seg.received = seg.flushed = 0;
   seg.end = f.file.size;
-  seg.block.clear();
+  seg.block.start(0);
   co_return co_await util::on_pool<Result<void>>(s.pool, [&f]() -> Result<void> {
     if (auto r = f.part.truncate(0); !r) return r;
     return f.part.record(RangeSet{}, true);
@@ -548,6 +591,7 @@ class SegmentRequest {
     http::BodySink sink;
     sink.on_head = [this](const http::ResponseHead& h) { return on_head(h); };
     sink.on_data = [this](std::span<const char> d) { return on_data(d); };
+    sink.buffer = [this] { return seg_.block.free_space(); };  // bytes land in the write block
     Result<http::ResponseHead> r = make_error(Errc::internal, "no answer");
     try {
       r = co_await s_.client.stream(std::move(req), std::move(sink));
@@ -664,10 +708,10 @@ class SegmentRequest {
     s_.received(f_, data.size());
     seg_.received += data.size();
     while (!data.empty()) {
-      auto take = std::min(data.size(), s_.block_size - seg_.block.size());
-      seg_.block.insert(seg_.block.end(), data.begin(), data.begin() + static_cast<std::ptrdiff_t>(take));
+      auto take = std::min(data.size(), seg_.block.room());
+      seg_.block.take(data.first(take));
       data = data.subspan(take);
-      if (seg_.block.size() == s_.block_size) {
+      if (seg_.block.room() == 0) {
         if (auto r = co_await flush(false); !r) co_return r.error();
       }
     }
@@ -698,8 +742,8 @@ class SegmentRequest {
     }
     auto r = co_await util::on_pool<Result<void>>(s_.pool, [&]() -> Result<void> {
       if (len > 0) {
-        if (auto w = f.part.write_at(at, seg_.block); !w) return w;
-        if (hash_inline) f.hasher->update(std::span<const char>(seg_.block.data(), len));
+        if (auto w = f.part.write_at(at, seg_.block.bytes()); !w) return w;
+        if (hash_inline) f.hasher->update(seg_.block.bytes());
       }
       if (record) return f.part.record(snapshot, durable);
       return {};
@@ -709,7 +753,7 @@ class SegmentRequest {
     if (hash_inline) f.hashed += len;
     f.written.add({at, at + len});
     seg_.flushed += len;
-    seg_.block.clear();
+    seg_.block.start(seg_.flushed);
     if (record) f.last_record = now;
     if (durable) {
       f.since_durable = 0;
@@ -817,7 +861,8 @@ awaitable<void> worker(RunState& s) {
     Segment& seg = **work;
     FileState& f = seg.f;
     f.active.push_back(&seg);
-    seg.block.reserve(s.block_size);
+    seg.block.allocate(s.block_size);
+    seg.block.start(seg.flushed);
     Result<void> r = make_error(Errc::internal, "not run");
     try {
       r = co_await run_segment(s, seg);

@@ -53,6 +53,10 @@ std::filesystem::path partial_dir(const std::filesystem::path& dest_dir);
 /// sha256 of the path instead (NAME_MAX is 255).
 std::string partial_name(std::string_view repo_path);
 
+/// Alignment (bytes) of file offsets, lengths and buffers for O_DIRECT writes; 4096 covers
+/// every common logical block size.
+inline constexpr std::size_t kDirectAlign = 4096;
+
 /// The running kernel's boot id (/proc/sys/kernel/random/boot_id), or "" when unreadable.
 std::string current_boot_id();
 
@@ -82,7 +86,9 @@ class PartialFile {
   /// Reads up to `buf.size()` bytes at `offset`; returns the count (0 at the end); io_error.
   Result<std::size_t> read_at(std::uint64_t offset, std::span<char> buf);
 
-  /// Writes all of `data` at `offset`; io_error, or disk_full on ENOSPC/EDQUOT.
+  /// Writes all of `data` at `offset`; io_error, or disk_full on ENOSPC/EDQUOT. The part that is
+  /// kDirectAlign-aligned both in the file and in memory is written with O_DIRECT when the file
+  /// system allows it (no page-cache copy); the rest is buffered.
   Result<void> write_at(std::uint64_t offset, std::span<const char> data);
 
   /// Cuts the partial to `length` bytes; io_error.
@@ -109,6 +115,7 @@ class PartialFile {
 
  private:
   std::string sidecar_json(const RangeSet& written) const;
+  void open_direct();
 
   Sidecar expected_;
   std::string boot_id_;
@@ -119,6 +126,7 @@ class PartialFile {
   std::filesystem::path sidecar_;
   std::filesystem::path final_;
   int fd_ = -1;
+  int direct_fd_ = -1;  // the same file opened with O_DIRECT; -1 where unsupported
 };
 
 }  // namespace modeld::fetch

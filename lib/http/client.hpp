@@ -158,6 +158,10 @@ struct ClientOptions {
 struct BodySink {
   std::function<Result<void>(const ResponseHead&)> on_head;
   std::function<boost::asio::awaitable<Result<void>>(std::span<const char>)> on_data;
+  /// Optional, for Content-Length bodies: the memory the client reads the next body bytes into
+  /// (called before each read, never empty); on_data then gets a prefix of that span, so the bytes
+  /// are copied once, from the socket. The span must stay valid until that on_data returns.
+  std::function<std::span<char>()> buffer;
 };
 
 /// The client; it is used from one executor (the daemon's io_context) and is cheap to share.
@@ -178,9 +182,10 @@ class Client {
   /// its query, and a proxy as "http://host:port" without its credentials.
   boost::asio::awaitable<Result<Response>> request(Request request, std::size_t max_body = 64u << 20);
 
-  /// Like request(), but hands the body to `sink` as it arrives, in blocks of at most 1 MiB (a
-  /// block is handed over when the buffer is full or when no more bytes are waiting on the socket,
-  /// so a slow event stream is not held back); the next read starts only after on_data returns.
+  /// Like request(), but hands the body to `sink` as it arrives: a Content-Length body read by
+  /// read (into BodySink::buffer when set, else blocks of at most 1 MiB), any other body in
+  /// blocks of at most 1 MiB handed over when full or when no more bytes are waiting on the
+  /// socket (a slow event stream is not held back); the next read starts only after on_data returns.
   /// Returns the final head. A body shorter than Content-Length, or a chunked body without its
   /// last chunk, is network_error after the delivered bytes (the caller may resume with Range);
   /// an error from the sink is returned as it is.

@@ -97,6 +97,8 @@ class Hub:
         self.ready_file = workdir / "hub-ready.json"
         self.request_log = workdir / "hub-requests.jsonl"
         self.log = open(workdir / "hub.log", "wb")
+        # A ready file left by an earlier hub in a reused folder names ports nobody listens on.
+        self.ready_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             [PYTHON, str(FIXTURES / "hub_server.py"), "--repos", str(repos), "--ready-file", str(self.ready_file),
              "--request-log", str(self.request_log), *(extra_args or [])],
