@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
 
   try {
     asio::io_context io(1);
-    asio::thread_pool disk_pool(std::max(2u, std::thread::hardware_concurrency()));
+    // O_DIRECT writes wait for the device: more threads than cores keep hashing going meanwhile.
+    asio::thread_pool disk_pool(std::max(8u, std::thread::hardware_concurrency()));
 
     auto endpoint = http::Url::parse(cfg->hub.endpoint);
     if (!endpoint) {

@@ -77,3 +77,22 @@ TEST_CASE("error objects use the stable snake_case code") {
   CHECK(j["code"] == "deployment_running");
   CHECK(j["message"] == "busy");
 }
+
+TEST_CASE("the files in flight appear under progress.files with their own rate and ETA") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.progress.files.push_back(FileProgress{"model-00001-of-00002.safetensors", 100, 400, 50.0, 6.0, 3});
+  d.progress.files.push_back(FileProgress{"config.json", 0, 10, 0.0, std::nullopt, 1});
+  auto j = to_json(d);
+  REQUIRE(j["progress"]["files"].size() == 2);
+  const auto& f = j["progress"]["files"][0];
+  CHECK(f["path"] == "model-00001-of-00002.safetensors");
+  CHECK(f["bytes_done"] == 100);
+  CHECK(f["bytes_total"] == 400);
+  CHECK(f["rate_bytes_per_s"] == 50.0);
+  CHECK(f["eta_s"] == 6.0);
+  CHECK(f["connections"] == 3);
+  CHECK(j["progress"]["files"][1]["eta_s"].is_null());
+}
