@@ -262,22 +262,16 @@ def assert_nothing_promoted(env, name: str, dep: dict, active: str) -> None:
     assert completion(env.ports[active], active)
 
 
-def test_an_html_page_instead_of_a_shard_fails_saying_so(env):
+@pytest.mark.parametrize("name, fault, what", [("html", "html_200", "html page"),
+                                               ("pointer", "lfs_pointer", "lfs pointer")])
+def test_a_wrong_body_instead_of_a_shard_fails_saying_what_arrived(env, name, fault, what):
+    """An HTML error page (200) or a Git LFS pointer file served instead of a shard."""
     active = env.status()["active"]["model"]
-    dep, _ = deploy_under(env, "html", 1, html_200="acme/html/*.safetensors")
+    dep, _ = deploy_under(env, name, 1, **{fault: f"acme/{name}/*.safetensors"})
     assert dep["error"]["code"] in ("size_mismatch", "checksum_mismatch"), dep["error"]
     msg = dep["error"]["message"]
-    assert any(s in msg for s in shards(env, "html")) and "html page" in msg.lower(), msg
-    assert_nothing_promoted(env, "html", dep, active)
-
-
-def test_an_lfs_pointer_instead_of_a_shard_fails_saying_so(env):
-    active = env.status()["active"]["model"]
-    dep, _ = deploy_under(env, "pointer", 1, lfs_pointer="acme/pointer/*.safetensors")
-    assert dep["error"]["code"] in ("size_mismatch", "checksum_mismatch"), dep["error"]
-    msg = dep["error"]["message"]
-    assert any(s in msg for s in shards(env, "pointer")) and "lfs pointer" in msg.lower(), msg
-    assert_nothing_promoted(env, "pointer", dep, active)
+    assert any(s in msg for s in shards(env, name)) and what in msg.lower(), msg
+    assert_nothing_promoted(env, name, dep, active)
 
 
 # --- the listing fails when a download would resume --------------------------------------------

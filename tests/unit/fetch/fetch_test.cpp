@@ -30,6 +30,7 @@ using namespace modeld;
 using modeld::test::Exchange;
 using modeld::test::HeaderList;
 using modeld::test::TestServer;
+using modeld::test::header;
 namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 namespace fs = std::filesystem;
@@ -86,10 +87,6 @@ void write_all(const fs::path& p, const std::string& content) {
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
 }
 
-std::string header(const bhttp::request<bhttp::string_body>& req, std::string_view name) {
-  auto it = req.find(name);
-  return it == req.end() ? std::string("<none>") : std::string(it->value());
-}
 
 // Answers with `content`, honouring "Range: bytes=N-" and "bytes=N-M" with 206 and
 // Content-Range, as the CDN does.
@@ -587,15 +584,18 @@ TEST_CASE("a chunked answer that ends early is size_mismatch saying it is an HTM
   CHECK(env.no_partials());
 }
 
-TEST_CASE("Retry-After from a 429 is honoured before the next attempt") {
-  Env env;
+namespace {
+
+// Fetches one file whose first request is answered `status` with "Retry-After: value"; returns
+// how long the fetch took.
+std::chrono::steady_clock::duration fetch_after_retry_after(Env& env, unsigned status, std::string value) {
   auto bytes = random_bytes(2000, 44);
   env.content["w.bin"] = bytes;
   int calls = 0;
-  env.on_file = [&](Exchange& ex, const std::string&) -> awaitable<void> {
+  env.on_file = [&, status, value](Exchange& ex, const std::string&) -> awaitable<void> {
     if (calls++ == 0) {
-      HeaderList h{{"Retry-After", "1"}};
-      co_await ex.respond(429, "slow down", std::move(h));
+      HeaderList h{{"Retry-After", value}};
+      co_await ex.respond(status, "not now", std::move(h));
       co_return;
     }
     co_await serve_content(ex, bytes);
@@ -603,8 +603,16 @@ TEST_CASE("Retry-After from a 429 is honoured before the next attempt") {
   auto start = std::chrono::steady_clock::now();
   auto r = env.fetch({git_file("w.bin", bytes)});
   REQUIRE(error_of(r) == "ok");
-  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::seconds(1));
+  CHECK(read_all(env.final_path("w.bin")) == bytes);
   CHECK(env.hub_server.requests().size() == 2);
+  return std::chrono::steady_clock::now() - start;
+}
+
+}  // namespace
+
+TEST_CASE("Retry-After from a 429 is honoured before the next attempt") {
+  Env env;
+  CHECK(fetch_after_retry_after(env, 429, "1") >= std::chrono::seconds(1));
 }
 
 TEST_CASE("partial file names keep distinct paths distinct") {
@@ -870,27 +878,13 @@ TEST_CASE("a Retry-After from one file pauses every connection of the run") {
 
 TEST_CASE("a Retry-After given as an HTTP-date is honoured") {
   Env env;
-  auto bytes = random_bytes(2000, 57);
-  env.content["w.bin"] = bytes;
-  int calls = 0;
-  env.on_file = [&](Exchange& ex, const std::string&) -> awaitable<void> {
-    if (calls++ == 0) {
-      auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + std::chrono::seconds(2));
-      std::tm tm{};
-      ::gmtime_r(&t, &tm);
-      char date[64];
-      std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-      HeaderList h{{"Retry-After", date}};
-      co_await ex.respond(503, "maintenance", std::move(h));
-      co_return;
-    }
-    co_await serve_content(ex, bytes);
-  };
-  auto start = std::chrono::steady_clock::now();
-  auto r = env.fetch({git_file("w.bin", bytes)});
-  REQUIRE(error_of(r) == "ok");
+  auto t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char date[64];
+  std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
   // The date has whole seconds: "2 s from now" is at least 1 s away.
-  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::seconds(1));
+  CHECK(fetch_after_retry_after(env, 503, date) >= std::chrono::seconds(1));
 }
 
 TEST_CASE("a Retry-After longer than the retry wait left fails at once") {

@@ -13,21 +13,14 @@ using namespace modeld;
 using namespace modeld::http;
 using modeld::test::Exchange;
 using modeld::test::TestServer;
+using modeld::test::get;
+using modeld::test::header;
 namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 
 namespace {
 
-Request get(const std::string& url) {
-  Request r;
-  r.url = Url::parse(url).value();
-  return r;
-}
 
-std::string header(const bhttp::request<bhttp::string_body>& req, std::string_view name) {
-  auto it = req.find(name);
-  return it == req.end() ? std::string("<none>") : std::string(it->value());
-}
 
 // A port on which nothing listens: bound, then closed.
 std::uint16_t closed_port(asio::io_context& ioc) {

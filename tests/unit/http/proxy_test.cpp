@@ -32,6 +32,8 @@ using namespace modeld;
 using namespace modeld::http;
 using modeld::test::Exchange;
 using modeld::test::TestServer;
+using modeld::test::get;
+using modeld::test::header;
 namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 using namespace std::chrono_literals;
@@ -40,16 +42,7 @@ namespace {
 
 constexpr const char* kTinyproxy = "/usr/bin/tinyproxy";
 
-Request get(const std::string& url) {
-  Request r;
-  r.url = Url::parse(url).value();
-  return r;
-}
 
-std::string header(const bhttp::request<bhttp::string_body>& req, std::string_view name) {
-  auto it = req.find(name);
-  return it == req.end() ? std::string("<none>") : std::string(it->value());
-}
 
 bool contains(const std::string& text, std::string_view part) { return text.find(part) != std::string::npos; }
 

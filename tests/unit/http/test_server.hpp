@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "http/client.hpp"
 #include "unit/http/catch_result.hpp"
 
 #include <catch2/catch.hpp>
@@ -48,6 +49,19 @@ using asio::awaitable;
 /// Extra response headers, name and value. (Build a list in a variable before co_await: GCC 12
 /// miscompiles braced lists of string literals inside a co_await expression.)
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
+
+/// The value of header `name` of a received request, or "<none>".
+inline std::string header(const bhttp::request<bhttp::string_body>& req, std::string_view name) {
+  auto it = req.find(name);
+  return it == req.end() ? std::string("<none>") : std::string(it->value());
+}
+
+/// A GET request of `url` (which must parse).
+inline http::Request get(const std::string& url) {
+  http::Request r;
+  r.url = http::Url::parse(url).value();
+  return r;
+}
 
 /// One request received by a TestServer and the means to answer it.
 class Exchange {
