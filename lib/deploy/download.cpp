@@ -5,6 +5,8 @@
 #include "store/store.hpp"
 #include "util/units.hpp"
 
+#include <fmt/format.h>
+
 namespace modeld::deploy {
 
 boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
@@ -25,8 +27,25 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
             util::format_bytes(total), s.hub.endpoint(), opt.parallel_files);
 
   fetch::Fetcher fetcher(s.hub, s.hub_client, s.disk_pool, opt);
-  auto got = co_await fetcher.run(run.missing, run.on_progress);
-  if (!got) co_return got.error();
+  std::uint64_t done = 0;
+  auto got = co_await fetcher.run(run.missing, [&run, &done](const fetch::Progress& p) {
+    done = p.bytes_done;
+    if (run.on_progress) run.on_progress(p);
+  });
+  if (!got) {
+    Error e = got.error();
+    if (e.code == Errc::disk_full) {
+      // Another writer filled the disk after freeing_disk made room: say by how much it is short.
+      // The partial files stay for a resume once there is room; nothing was promoted.
+      auto free = store::free_bytes(opt.dest_dir);
+      std::uint64_t left = total > done ? total - done : 0;
+      e.message += fmt::format("; {} of the download is still to come and {} is free on that file system{}; "
+                               "the partial files are kept, deploy again once there is room",
+                               util::format_bytes(left), free ? util::format_bytes(*free) : std::string("an unknown amount"),
+                               free && *free < left ? " (short by " + util::format_bytes(left - *free) + ")" : "");
+    }
+    co_return e;
+  }
   for (const auto& f : *got) run.fetched.insert(f.path);
   sys::logf(sys::Level::info, run.fields(), "downloaded {} files, {}", got->size(), util::format_bytes(total));
   co_return Result<void>{};

@@ -5,6 +5,8 @@
 #include "deploy/deployment.hpp"
 #include "util/error.hpp"
 
+#include <boost/asio/awaitable.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -41,6 +43,62 @@ struct Event {
   std::string data_json;
 };
 
+/// A model that a plan would delete to make room, in the order it would go.
+struct PlannedEviction {
+  std::string name;
+  std::uint64_t bytes = 0;                 ///< what deleting it frees
+  std::optional<std::string> last_active;  ///< RFC 3339; nullopt when it never served
+  bool active = false;                     ///< the model in service (only with allow_downtime)
+};
+
+/// The outcome of a dry run of planning and freeing_disk (GET /v1/models/{name}/plan).
+/// All sizes in bytes.
+struct PlanReport {
+  std::string model, repo, revision;
+  std::string commit;                 ///< what the revision resolves to now
+  bool verified = false;              ///< that commit is on disk and verified: nothing to do
+  std::uint64_t files_total = 0;      ///< files that pass include/exclude
+  std::uint64_t bytes_total = 0;
+  std::uint64_t files_to_fetch = 0;   ///< not on disk, and not hard-linkable from an older revision
+  std::uint64_t bytes_to_fetch = 0;
+  std::uint64_t bytes_local = 0;      ///< bytes_total - bytes_to_fetch: present or linkable
+  std::uint64_t bytes_linkable = 0;   ///< part of bytes_local: hard links from older verified revisions
+  std::uint64_t bytes_partial = 0;    ///< of partial downloads already on disk (resumed, not fetched again)
+  std::uint64_t bytes_needed = 0;     ///< bytes_to_fetch - bytes_partial: new disk space the download takes
+  std::uint64_t bytes_free = 0;       ///< statvfs f_bavail of models_dir
+  std::uint64_t disk_reserve = 0;
+  std::vector<PlannedEviction> evictions;
+  bool fits = false;
+  std::uint64_t shortfall_bytes = 0;  ///< when it does not fit: what is missing even after every eviction
+  bool allow_downtime = false;
+  std::optional<std::string> active_model;  ///< the model in service when planned
+  bool rollback_possible = true;      ///< false when the plan evicts the active model
+};
+
+/// One thing wrong with a model on disk (POST /v1/models/{name}/verify).
+struct VerifyProblem {
+  std::string code;     ///< Errc name: checksum_mismatch, size_mismatch, checkpoint_incomplete, ...
+  std::string file;     ///< repository-relative path
+  std::string tensor;   ///< empty when not about one tensor
+  std::string message;  ///< sentence naming file and tensor
+};
+
+/// The outcome of re-hashing and re-checking one revision on disk.
+struct VerifyReport {
+  std::string model, commit;
+  std::uint64_t files = 0;  ///< files checked
+  std::uint64_t bytes = 0;  ///< bytes hashed (hard-linked files counted once per path)
+  std::vector<VerifyProblem> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+/// What rm deleted (DELETE /v1/models/{name}).
+struct Removal {
+  std::string model;
+  std::uint64_t bytes_freed = 0;
+  std::vector<std::string> commits;  ///< revisions deleted
+};
+
 /// What the control plane may ask of the deployment engine. All calls happen on the
 /// io_context thread.
 class Engine {
@@ -60,6 +118,22 @@ class Engine {
   virtual Result<Deployment> cancel(const std::string& id) = 0;
   /// Configured models with their on-disk state.
   virtual std::vector<ModelInfo> models() const = 0;
+  /// Dry run of planning and freeing_disk for `model`: lists the Hub, changes nothing on disk.
+  /// Errors: unknown_model; the Hub's (hub_not_found, hub_unavailable, network_error, ...,
+  /// messages naming the repository); plan_invalid for filters that drop needed files; io_error.
+  virtual boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime) = 0;
+  /// Re-hashes and re-checks the on-disk revision of `model` (the one models_dir/NAME points to,
+  /// else the newest verified one) on the disk pool; problems are a value, not an error. A clean
+  /// result refreshes the manifest's file identities. Errors: unknown_model; not_found when no
+  /// verified revision is on disk; deployment_running while a deployment runs, or another
+  /// verify or rm is in progress; io_error when the manifest cannot be read or written.
+  virtual boost::asio::awaitable<Result<VerifyReport>> verify(std::string model) = 0;
+  /// Deletes the store folders and the link of `model` on the disk pool, never following a
+  /// symlink out of models_dir. Errors: unknown_model (neither configured nor on disk);
+  /// deployment_running when `model` is the active model (the message says so; the API answers
+  /// it as 409 model_active), when a running deployment deploys or replaces it, or while a
+  /// verify or rm is in progress; io_error (also when models_dir/NAME is a real folder, left alone).
+  virtual boost::asio::awaitable<Result<Removal>> remove(std::string model) = 0;
   /// Registers a listener for events; returns a token for unsubscribe().
   virtual std::uint64_t subscribe(std::function<void(const Event&)> listener) = 0;
   /// Removes a listener.

@@ -6,6 +6,8 @@
 
 #include "config/config.hpp"
 #include "deploy/deployment.hpp"
+#include "deploy/engine.hpp"
+#include "store/store.hpp"
 #include "deploy/state_store.hpp"
 #include "hub/hub.hpp"
 #include "sys/log.hpp"
@@ -23,7 +25,6 @@
 #include <vector>
 
 namespace modeld::http { class Client; }
-namespace modeld::store { class Store; }
 namespace modeld::units { class ServiceManager; }
 namespace modeld::fetch { struct Progress; }
 
@@ -55,6 +56,37 @@ struct Run {
   /// The journal fields of this run in its current phase.
   sys::Fields fields() const;
 };
+
+/// What planning finds out before it touches the disk: the listing filtered by include/exclude,
+/// checked against what the checkpoint needs (filters, safetensors index).
+/// Errors: the Hub's, plan_invalid, checkpoint_incomplete.
+boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
+                                                                 const std::string& revision);
+
+/// The eviction candidates of freeing_disk among `stored`: every model but the target, pinned
+/// ones and (unless `may_evict_active`) the active one, with when it last served (`last_active`,
+/// model -> RFC 3339). The active model, when allowed, goes last whatever its time says.
+std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<store::StoredModel>& stored,
+                                                          const config::Config& config, const std::string& target,
+                                                          const std::optional<std::string>& active,
+                                                          const std::map<std::string, std::string>& last_active,
+                                                          bool may_evict_active);
+
+/// The disk side of freeing_disk without deleting anything: `need` bytes still to download
+/// (partial bytes already deducted) against free space minus disk_reserve, with the models to
+/// evict. A plan that needs nothing fits and evicts nothing. Errors: io_error (statvfs).
+Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
+                                          const std::optional<std::string>& active,
+                                          const std::map<std::string, std::string>& last_active,
+                                          bool may_evict_active);
+
+/// The dry run behind `modelctl plan`: list_planned_files, the store's dry-run of linking
+/// (Store::plan_missing), partial bytes and plan_freeing_disk, disk work on the disk pool;
+/// changes nothing on disk. `active` is the model in service. Errors as list_planned_files, io_error.
+boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
+                                                               bool allow_downtime,
+                                                               const std::optional<std::string>& active,
+                                                               const std::map<std::string, std::string>& last_active);
 
 /// planning: resolve the revision to a commit, list and filter files, refuse needed files that
 /// the filters drop, link unchanged files from older revisions, find what is still missing.

@@ -1,0 +1,105 @@
+"""A disk that another writer fills while a download runs: the deployment fails with disk_full
+naming the path and the shortfall, nothing is promoted, the partial files stay, the serving model
+is untouched, and the next deployment resumes once there is room.
+
+models_dir is a size-limited tmpfs (which also exercises the engine's fallback from O_DIRECT,
+which tmpfs refuses, to buffered writes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+
+MiB = 1 << 20
+TMPFS_SIZE = 40 * MiB
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    work = tmp_path / "work"
+    models = work / "models"
+    models.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0755", "modeld-test-small", str(models)],
+                   check=True)
+    try:
+        yield work
+    finally:
+        subprocess.run(["umount", "-l", str(models)], check=False)
+
+
+def set_faults(path: Path, **faults) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    os.replace(tmp, path)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_disk_filled_mid_download_fails_with_disk_full_and_the_next_deploy_resumes(small_disk):
+    work = small_disk
+    control = work / "hub-control.json"
+    env = ModeldEnv(workdir=work, hub_args=["--control", str(control)])
+    try:
+        env.add_repo("acme/old", shards=2, shard_size=1 * MiB, seed=1)
+        env.add_repo("acme/new", shards=4, shard_size=4 * MiB, seed=2)
+        ports = {"old": free_port(), "new": free_port()}
+        env.start(model_table("old", "acme/old", ports["old"]) + model_table("new", "acme/new", ports["new"]))
+        env.deploy_and_wait("old")
+
+        # Slow the new model's shards down so the disk can be filled while they arrive.
+        set_faults(control, throttle=2 * MiB)
+        assert env.modelctl("deploy", "new").returncode == 0
+        # Wait until every shard has a first block (2 MiB here) written to its partial file.
+        wait_for("the new model's download to be under way", lambda: (
+            (d := env.status()["deployment"]) and d["phase"] == "downloading"
+            and d["progress"]["bytes_done"] >= 10 * MiB), timeout=60)
+        # Another writer takes all but 256 KiB of what is left.
+        filler = env.models_dir / "filler.bin"
+        with open(filler, "wb") as f:
+            remaining = free_bytes(env.models_dir) - 256 * 1024
+            block = b"\0" * MiB
+            while remaining > 0:
+                n = min(remaining, len(block))
+                try:
+                    f.write(block[:n])
+                    f.flush()
+                except OSError:
+                    break
+                remaining -= n
+        dep = wait_for("the deployment to end", lambda: (
+            (d := env.status()["deployment"]) and d["state"] != "running" and d), timeout=120)
+
+        assert dep["state"] == "failed" and dep["phase"] == "downloading", dep
+        assert dep["error"]["code"] == "disk_full", dep["error"]
+        msg = dep["error"]["message"]
+        assert str(env.models_dir) in msg and "short by" in msg and "partial files are kept" in msg, msg
+        revision = env.models_dir / ".store" / "new" / dep["commit"]
+        assert not list(revision.glob("*.safetensors")), "a shard was promoted on a full disk"
+        partials = list((revision / ".modeld" / "partial").glob("*.part"))
+        assert partials and sum(p.stat().st_size for p in partials) > 0, "the partial files were not kept"
+        assert env.status()["active"]["model"] == "old"
+        assert completion(ports["old"], "old")
+
+        # Room again: the next deployment continues from the partial files.
+        filler.unlink()
+        set_faults(control)
+        before = env.hub.stats()["cdn_body_bytes"]
+        env.deploy_and_wait("new")
+        sent = env.hub.stats()["cdn_body_bytes"] - before
+        # Several MiB were on disk before it filled; they are not fetched again.
+        assert sent <= 16 * MiB - 4 * MiB, sent
+        assert completion(ports["new"], "new")
+    finally:
+        env.stop()
