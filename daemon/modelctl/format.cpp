@@ -159,4 +159,77 @@ std::string models_table(const json& body, const Style& style) {
   return out;
 }
 
+namespace {
+
+std::string bytes(std::uint64_t n) { return modeld::util::format_bytes(n); }
+
+std::string files(std::uint64_t n) { return fmt::format("{} file{}", n, n == 1 ? "" : "s"); }
+
+}  // namespace
+
+std::string plan_text(const json& p, const Style& style) {
+  std::string out;
+  out += fmt::format("Plan for {} ({}@{}, commit {}){}\n", style.bold(str(p, "model")), str(p, "repo"),
+                     str(p, "revision"), short_commit(p.value("commit", json())),
+                     p.value("allow_downtime", false) ? ", downtime allowed" : "");
+  out += fmt::format("  Files:      {}, {}\n", files(uint(p, "files_total")), bytes(uint(p, "bytes_total")));
+  if (p.value("verified", false))
+    out += "  To fetch:   nothing: this commit is on disk and verified\n";
+  else
+    out += fmt::format("  To fetch:   {}, {}\n", files(uint(p, "files_to_fetch")), bytes(uint(p, "bytes_to_fetch")));
+  std::string local = bytes(uint(p, "bytes_local"));
+  if (auto linkable = uint(p, "bytes_linkable"); linkable > 0)
+    local += fmt::format(" ({} hard-linked from older revisions)", bytes(linkable));
+  out += fmt::format("  Local:      {}\n", local);
+  out += fmt::format("  Partial:    {} already downloaded, resumed\n", bytes(uint(p, "bytes_partial")));
+  out += fmt::format("  Needed:     {} of new disk space\n", bytes(uint(p, "bytes_needed")));
+  out += fmt::format("  Free:       {}\n", bytes(uint(p, "bytes_free")));
+  out += fmt::format("  Reserve:    {}\n", bytes(uint(p, "disk_reserve")));
+  std::string evictions;
+  std::uint64_t evicted = 0;
+  for (const auto& e : p.value("evictions", json::array())) {
+    evicted += uint(e, "bytes");
+    evictions += fmt::format("{}{} ({}{})", evictions.empty() ? "" : ", ", str(e, "name"), bytes(uint(e, "bytes")),
+                             e.value("active", false) ? ", the active model" : "");
+  }
+  out += fmt::format("  Evictions:  {}\n", evictions.empty() ? "none" : evictions);
+  const auto free = uint(p, "bytes_free"), reserve = uint(p, "disk_reserve");
+  const auto available = free > reserve ? free - reserve : 0;
+  if (p.value("fits", false)) {
+    out += fmt::format("  Result:     {}\n", style.color ? "\x1b[32mfits\x1b[0m" : "fits");
+  } else {
+    std::string result = fmt::format("does not fit by {}", bytes(uint(p, "shortfall_bytes")));
+    if (style.color) result = fmt::format("\x1b[31m{}\x1b[0m", result);
+    out += fmt::format("  Result:     {}: needs {}, available {} ({} free minus reserve {}{})\n", result,
+                       bytes(uint(p, "bytes_needed")), bytes(available + evicted), bytes(free), bytes(reserve),
+                       evicted ? fmt::format(", plus {} from evictions", bytes(evicted)) : std::string());
+  }
+  const auto& active = p.value("active_model", json());
+  if (!active.is_string())
+    out += "  Rollback:   - (no model active)\n";
+  else if (p.value("rollback_possible", true))
+    out += fmt::format("  Rollback:   possible ({} is kept)\n", active.get<std::string>());
+  else
+    out += fmt::format("  Rollback:   not possible: the active model {} would be evicted\n", active.get<std::string>());
+  return out;
+}
+
+std::string verify_text(const json& r, const Style& style) {
+  std::string out;
+  const auto& problems = r.value("problems", json::array());
+  const std::string summary =
+      problems.empty() ? style.state("verified")
+                       : fmt::format("{} problem{}", problems.size(), problems.size() == 1 ? "" : "s");
+  out += fmt::format("{} at {}: {}, {}: {}\n", str(r, "model"), short_commit(r.value("commit", json())),
+                     files(uint(r, "files")), bytes(uint(r, "bytes")), summary);
+  for (const auto& p : problems) out += fmt::format("  {}: {}\n", str(p, "code"), str(p, "message"));
+  return out;
+}
+
+std::string removal_text(const json& r) {
+  const auto& commits = r.value("commits", json::array());
+  return fmt::format("Removed {}: {} revision{}, {} freed\n", str(r, "model"), commits.size(),
+                     commits.size() == 1 ? "" : "s", bytes(uint(r, "bytes_freed")));
+}
+
 }  // namespace modelctl

@@ -30,4 +30,15 @@ std::string status_text(const nlohmann::json& status, const Style& style);
 /// The body of GET /v1/models as an aligned table with a header row.
 std::string models_table(const nlohmann::json& models, const Style& style);
 
+/// The body of GET /v1/models/{name}/plan as a short table: files and bytes to fetch, local,
+/// partial, free, reserve, evictions, "fits" or "does not fit by X" (with bytes needed and
+/// available), and whether rollback stays possible.
+std::string plan_text(const nlohmann::json& plan, const Style& style);
+
+/// The body of POST /v1/models/{name}/verify: one summary line, then one line per problem.
+std::string verify_text(const nlohmann::json& report, const Style& style);
+
+/// The body of DELETE /v1/models/{name} as one line.
+std::string removal_text(const nlohmann::json& removal);
+
 }  // namespace modelctl

@@ -3,6 +3,7 @@
 // always means the daemon could not be reached.
 
 #include "modelctl/client.hpp"
+#include "util/json.hpp"
 #include "modelctl/format.hpp"
 
 #include "util/text.hpp"
@@ -187,7 +188,7 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
     if (auto r = events->open(); !r) return unreachable(c.daemon, r.error());
   }
   json body{{"model", name}, {"allow_downtime", allow_downtime}};
-  auto r = c.daemon.call("POST", "/v1/deployments", body.dump());
+  auto r = c.daemon.call("POST", "/v1/deployments", modeld::util::dump_json(body));
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 202) {
     print_error(c, *r);
@@ -271,9 +272,58 @@ int cmd_logs(bool follow, const std::string& name) {
   return exit_failed;
 }
 
-int not_supported(const char* command) {
-  fmt::print(stderr, "modelctl: {} is not supported by this modeld yet\n", command);
-  return exit_refused;
+// Plan, verify and rm wait for the Hub, for hashing a whole checkpoint or for deleting one:
+// their answers may take far longer than the usual per-read deadline.
+constexpr auto slow_timeout = std::chrono::hours(24);
+
+// The exit code of a refused or failed model request: 2 for an unknown model (404) or a caller
+// who may not (403), as for deploy; 1 otherwise (a conflict, the Hub, the disk).
+int model_request_failed(const Context& c, const modelctl::Reply& r) {
+  print_error(c, r);
+  return r.status == 404 || r.status == 403 ? exit_refused : exit_failed;
+}
+
+int cmd_plan(Context& c, const std::string& name, bool allow_downtime) {
+  Daemon slow(c.daemon.socket_path(), slow_timeout);
+  auto r = slow.call("GET", "/v1/models/" + modeld::util::url_encode_segment(name) + "/plan" +
+                                (allow_downtime ? "?allow_downtime=true" : ""));
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 200) return model_request_failed(c, *r);
+  auto j = parse_body(*r);
+  if (!j) return exit_failed;
+  if (c.json)
+    print_raw(r->body);
+  else
+    std::fputs(modelctl::plan_text(*j, c.style).c_str(), stdout);
+  return j->value("fits", false) ? exit_ok : exit_failed;
+}
+
+int cmd_verify(Context& c, const std::string& name) {
+  Daemon slow(c.daemon.socket_path(), slow_timeout);
+  auto r = slow.call("POST", "/v1/models/" + modeld::util::url_encode_segment(name) + "/verify");
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 200) return model_request_failed(c, *r);
+  auto j = parse_body(*r);
+  if (!j) return exit_failed;
+  if (c.json)
+    print_raw(r->body);
+  else
+    std::fputs(modelctl::verify_text(*j, c.style).c_str(), stdout);
+  return j->value("ok", false) ? exit_ok : exit_failed;
+}
+
+int cmd_rm(Context& c, const std::string& name) {
+  Daemon slow(c.daemon.socket_path(), slow_timeout);
+  auto r = slow.call("DELETE", "/v1/models/" + modeld::util::url_encode_segment(name));
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 200) return model_request_failed(c, *r);
+  auto j = parse_body(*r);
+  if (!j) return exit_failed;
+  if (c.json)
+    print_raw(r->body);
+  else
+    std::fputs(modelctl::removal_text(*j).c_str(), stdout);
+  return exit_ok;
 }
 
 }  // namespace
@@ -327,9 +377,6 @@ int main(int argc, char** argv) {
   }
 
   if (logs->parsed()) return cmd_logs(follow, logs_name);
-  if (plan->parsed()) return not_supported("plan");
-  if (verify->parsed()) return not_supported("verify");
-  if (rm->parsed()) return not_supported("rm");
 
   if (socket.empty()) {
     const char* env = std::getenv("MODELD_SOCKET");
@@ -346,5 +393,8 @@ int main(int argc, char** argv) {
   if (models->parsed()) return cmd_models(c);
   if (deploy->parsed()) return cmd_deploy(c, deploy_name, wait, allow_downtime);
   if (cancel->parsed()) return cmd_cancel(c);
+  if (plan->parsed()) return cmd_plan(c, plan_name, allow_downtime);
+  if (verify->parsed()) return cmd_verify(c, verify_name);
+  if (rm->parsed()) return cmd_rm(c, rm_name);
   return exit_refused;
 }

@@ -117,10 +117,10 @@ int main(int argc, char** argv) {
     hub_opts.proxy = http::ProxyConfig::from_environment();
     auto proxy = http::select_proxy(hub_opts.proxy, *endpoint);
     if (!proxy) {
-      sys::log(sys::Level::error, {}, proxy.error().message);
-      return 1;
-    }
-    if (*proxy)
+      // Not fatal: the daemon still watches and restarts the model in service; downloads fail
+      // with this message until the variable is fixed.
+      sys::logf(sys::Level::error, "{}; downloads from the Hub will fail until it is fixed", proxy.error().message);
+    } else if (*proxy)
       sys::logf(sys::Level::info, "reaching the Hub {} through the proxy {}", endpoint->origin(), (*proxy)->redacted());
     http::Client hub_client(io.get_executor(), hub_opts);
     http::ClientOptions local_opts;

@@ -2,9 +2,11 @@
 // the JSON shapes of interface.md "Control API".
 
 #include "control/routes.hpp"
+#include "util/json.hpp"
 
 #include "deploy/deployment.hpp"
 #include "sys/log.hpp"
+#include "util/text.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -27,7 +29,7 @@ constexpr std::size_t max_history_limit = 10000;
 Response json_response(unsigned status, const json& body) {
   Response r;
   r.status = status;
-  r.body = body.dump();
+  r.body = util::dump_json(body);
   return r;
 }
 
@@ -225,6 +227,7 @@ unsigned http_status(Errc code) noexcept {
       return 404;
     case Errc::deployment_running:
     case Errc::deployment_ended:
+    case Errc::model_active:
       return 409;
     case Errc::timeout:
       return 504;
@@ -357,6 +360,115 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     return json_response(200, deploy::to_json(*d));
   }
   return not_found();
+}
+
+json plan_json(const deploy::PlanReport& p) {
+  json evictions = json::array();
+  for (const auto& e : p.evictions)
+    evictions.push_back({{"name", e.name},
+                         {"bytes", e.bytes},
+                         {"last_active", e.last_active ? json(*e.last_active) : json(nullptr)},
+                         {"active", e.active}});
+  return json{{"model", p.model},
+              {"repo", p.repo},
+              {"revision", p.revision},
+              {"commit", p.commit},
+              {"verified", p.verified},
+              {"files_total", p.files_total},
+              {"bytes_total", p.bytes_total},
+              {"files_to_fetch", p.files_to_fetch},
+              {"bytes_to_fetch", p.bytes_to_fetch},
+              {"bytes_local", p.bytes_local},
+              {"bytes_linkable", p.bytes_linkable},
+              {"bytes_partial", p.bytes_partial},
+              {"bytes_needed", p.bytes_needed},
+              {"bytes_free", p.bytes_free},
+              {"disk_reserve", p.disk_reserve},
+              {"evictions", std::move(evictions)},
+              {"fits", p.fits},
+              {"shortfall_bytes", p.shortfall_bytes},
+              {"allow_downtime", p.allow_downtime},
+              {"active_model", p.active_model ? json(*p.active_model) : json(nullptr)},
+              {"rollback_possible", p.rollback_possible}};
+}
+
+json verify_json(const deploy::VerifyReport& r) {
+  json problems = json::array();
+  for (const auto& p : r.problems)
+    problems.push_back({{"code", p.code},
+                        {"file", p.file},
+                        {"tensor", p.tensor.empty() ? json(nullptr) : json(p.tensor)},
+                        {"message", p.message}});
+  return json{{"model", r.model}, {"commit", r.commit}, {"files", r.files},
+              {"bytes", r.bytes}, {"ok", r.ok()},       {"problems", std::move(problems)}};
+}
+
+json removal_json(const deploy::Removal& r) {
+  return json{{"model", r.model}, {"bytes_freed", r.bytes_freed}, {"commits", r.commits}};
+}
+
+namespace {
+
+// The model routes that await the engine: /v1/models/{name}/plan, /v1/models/{name}/verify,
+// /v1/models/{name}. nullopt when the request is not one of them.
+std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
+  const auto parts = split_path(path);
+  if (parts.size() < 3 || parts.size() > 4 || parts[0] != "v1" || parts[1] != "models") return std::nullopt;
+  auto name = percent_decode(parts[2]);
+  if (!name) return std::nullopt;
+  std::string action = parts.size() == 4 ? std::string(parts[3]) : std::string();
+  if (!action.empty() && action != "plan" && action != "verify") return std::nullopt;
+  return std::pair{std::move(*name), std::move(action)};
+}
+
+Result<bool> parse_bool_param(std::string_view query, std::string_view key) {
+  auto params = parse_query(query);
+  auto it = params.find(key);
+  if (it == params.end()) return false;
+  const auto& v = it->second;
+  if (v.empty() || v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  return make_error(Errc::bad_request, fmt::format("{} must be true or false, not \"{}\"", key, v));
+}
+
+}  // namespace
+
+boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Engine& engine, const Access& access) {
+  std::string_view target = req.target;
+  std::string_view path = target.substr(0, target.find('?'));
+  std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
+  auto route = model_route(path);
+  if (!route) co_return handle(req, peer, engine, access);
+  // Copies, not a structured binding: GCC 12 keeps a binding out of the coroutine frame.
+  const std::string name = route->first;
+  const std::string action = route->second;
+
+  auto unknown = [&] {
+    return error_for(make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", name)));
+  };
+  if (action == "plan") {
+    if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
+    auto allow_downtime = parse_bool_param(query, "allow_downtime");
+    if (!allow_downtime) co_return error_for(allow_downtime.error());
+    if (!util::valid_model_name(name)) co_return unknown();
+    auto plan = co_await engine.plan(name, *allow_downtime);
+    if (!plan) co_return error_for(plan.error());
+    co_return json_response(200, plan_json(*plan));
+  }
+  if (action == "verify") {
+    if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
+    if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+    if (!util::valid_model_name(name)) co_return unknown();
+    auto report = co_await engine.verify(name);
+    if (!report) co_return error_for(report.error());
+    co_return json_response(200, verify_json(*report));
+  }
+  if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
+  if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+  if (!util::valid_model_name(name)) co_return unknown();
+  auto removed = co_await engine.remove(name);
+  if (!removed) co_return error_for(removed.error());
+  co_return json_response(200, removal_json(*removed));
 }
 
 }  // namespace modeld::control

@@ -6,6 +6,9 @@
 #include "deploy/engine.hpp"
 #include "util/error.hpp"
 
+#include <boost/asio/awaitable.hpp>
+#include <nlohmann/json_fwd.hpp>
+
 #include <sys/types.h>
 
 #include <functional>
@@ -63,6 +66,18 @@ struct Response {
 /// known routes with another method 405.
 Response handle(const Request& request, const Peer& peer, deploy::Engine& engine,
                 const Access& access);
+
+/// Answers one request like handle(), and also the routes whose work takes time and runs
+/// through the engine's coroutines: GET /v1/models/{name}/plan[?allow_downtime=true] (read),
+/// POST /v1/models/{name}/verify and DELETE /v1/models/{name} (mutating: root and control.group
+/// only). The server calls this; handle() alone answers those routes 404.
+boost::asio::awaitable<Response> handle_async(Request request, Peer peer, deploy::Engine& engine,
+                                              const Access& access);
+
+/// The JSON bodies of the plan, verify and rm routes (docs/interface.md "Added by this project").
+nlohmann::json plan_json(const deploy::PlanReport& plan);
+nlohmann::json verify_json(const deploy::VerifyReport& report);
+nlohmann::json removal_json(const deploy::Removal& removal);
 
 /// The HTTP status that stands for `code` in the API (unknown_model 404, deployment_running
 /// 409, forbidden 403, bad_request 400, ..., 500 for failures that are not the caller's).

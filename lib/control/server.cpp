@@ -362,7 +362,7 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uin
     Request req{std::string(msg.method_string()), std::string(msg.target()), std::move(msg.body())};
     const bool keep_alive = msg.keep_alive();
     const unsigned version = msg.version();
-    Response r = handle(req, conn->peer, engine, access);
+    Response r = co_await handle_async(std::move(req), conn->peer, engine, access);
     if (r.event_stream) {
       co_await stream_events(conn);
       co_return;

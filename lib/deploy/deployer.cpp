@@ -1,4 +1,5 @@
 #include "deploy/deployer.hpp"
+#include "util/json.hpp"
 
 #include "fetch/fetch.hpp"
 #include "store/store.hpp"
@@ -16,6 +17,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 namespace modeld::deploy {
 
 namespace asio = boost::asio;
@@ -29,6 +32,20 @@ struct Deployer::Running {
   Clock::time_point last_journal_progress{};
   Clock::time_point last_status{};
 };
+
+namespace {
+
+// Whether anything of `model` is under models_dir: its link (or whatever is at its name) or its
+// store folder. A name that is not a valid model name never is.
+bool on_disk(const store::Store& st, const std::string& model) {
+  if (!util::valid_model_name(model)) return false;
+  struct stat sb {};
+  if (::lstat(st.model_path(model).c_str(), &sb) == 0) return true;
+  const auto dir = st.models_dir() / ".store" / model;
+  return ::lstat(dir.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+}  // namespace
 
 std::string_view phase_verb(Phase p) {
   switch (p) {
@@ -162,6 +179,10 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
                       fmt::format("deployment {} of {} is running (phase {})", running_->record.id,
                                   running_->record.model, to_string(running_->record.phase)));
   if (shutting_down_) return make_error(Errc::cancelled, "modeld is shutting down");
+  if (!busy_.empty())
+    return make_error(Errc::deployment_running,
+                      fmt::format("a {} of model {} is in progress; deploy when it has ended", busy_.begin()->second,
+                                  busy_.begin()->first));
   Deployment d;
   d.id = new_id(model);
   d.model = model;
@@ -368,7 +389,7 @@ void Deployer::emit(const std::string& kind, const Deployment& d) {
     j["error"] = d.error ? error_json(*d.error) : nlohmann::json(nullptr);
   }
   if (kind == "progress") j["progress"] = to_json(d)["progress"];
-  Event e{kind, j.dump()};
+  Event e{kind, util::dump_json(j)};
   // Copy first: a listener may unsubscribe itself while being called.
   auto ls = listeners_;
   for (auto& [_, l] : ls) l(e);
@@ -519,6 +540,92 @@ std::vector<ModelInfo> Deployer::models() const {
     out.push_back(std::move(i));
   }
   return out;
+}
+
+std::optional<Error> Deployer::disk_conflict(const std::string& model, std::string_view action) const {
+  if (auto b = busy_.find(model); b != busy_.end())
+    return make_error(Errc::deployment_running, fmt::format("a {} of model {} is in progress", b->second, model));
+  if (action == "rm" && state_.active && state_.active->model == model)
+    return make_error(Errc::model_active,
+                      fmt::format("model {} is active (served by {}); deploy another model before removing it", model,
+                                  units::serve_unit(model)));
+  if (running_) {
+    const auto& d = running_->record;
+    // Verifying reads every file while a deployment may link, download or evict; rm only
+    // conflicts with the deployment's own target and the model it replaces.
+    if (action == "verify" || d.model == model || d.previous_model == model)
+      return make_error(Errc::deployment_running,
+                        fmt::format("deployment {} of {} is running (phase {}); {} {} when it has ended", d.id, d.model,
+                                    to_string(d.phase), action, model));
+  }
+  if (shutting_down_) return make_error(Errc::cancelled, "modeld is shutting down");
+  return std::nullopt;
+}
+
+namespace {
+
+// Holds a model in Deployer::busy_ for the lifetime of one verify or rm.
+struct BusyGuard {
+  std::map<std::string, std::string>& busy;
+  std::string model;
+  BusyGuard(std::map<std::string, std::string>& b, std::string m, std::string what) : busy(b), model(std::move(m)) {
+    busy[model] = std::move(what);
+  }
+  ~BusyGuard() { busy.erase(model); }
+};
+
+}  // namespace
+
+asio::awaitable<Result<PlanReport>> Deployer::plan(std::string model, bool allow_downtime) {
+  // The configuration and the state may change while the Hub answers; the plan keeps its copies.
+  auto cfg = services_.config;
+  const auto* m = cfg->find_model(model);
+  if (!m) co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+  std::optional<std::string> active;
+  if (state_.active) active = state_.active->model;
+  const auto last_active = state_.last_active;
+  co_return co_await dry_run_plan(services_, *m, allow_downtime, active, last_active);
+}
+
+asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {
+  if (!services_.config->find_model(model) && !on_disk(services_.store, model))
+    co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured or on disk", model));
+  if (auto c = disk_conflict(model, "verify")) co_return *c;
+  BusyGuard guard(busy_, model, "verify");
+  sys::Fields f;
+  f.model = model;
+  sys::logf(sys::Level::info, f, "verifying model {} on disk", model);
+  auto r = co_await verify_on_disk(services_, model);
+  if (!r) co_return r.error();
+  f.extra.emplace_back("MODELD_COMMIT", r->commit);
+  if (r->ok()) {
+    sys::logf(sys::Level::notice, f, "model {} at {} verified: {} files, {}, no problems", model,
+              r->commit.substr(0, 12), r->files, util::format_bytes(r->bytes));
+  } else {
+    for (const auto& p : r->problems) {
+      sys::Fields pf = f;
+      pf.extra.emplace_back("MODELD_FILE", p.file);
+      if (!p.tensor.empty()) pf.extra.emplace_back("MODELD_TENSOR", p.tensor);
+      sys::log(sys::Level::error, pf, p.message);
+    }
+    sys::logf(sys::Level::error, f, "model {} at {}: {} problem{} found", model, r->commit.substr(0, 12),
+              r->problems.size(), r->problems.size() == 1 ? "" : "s");
+  }
+  co_return r;
+}
+
+asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
+  if (!services_.config->find_model(model) && !on_disk(services_.store, model))
+    co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured or on disk", model));
+  if (auto c = disk_conflict(model, "rm")) co_return *c;
+  BusyGuard guard(busy_, model, "rm");
+  auto r = co_await remove_from_disk(services_, model);
+  if (!r) co_return r.error();
+  sys::Fields f;
+  f.model = model;
+  sys::logf(sys::Level::notice, f, "removed model {} ({} revision{}, {} freed)", model, r->commits.size(),
+            r->commits.size() == 1 ? "" : "s", util::format_bytes(r->bytes_freed));
+  co_return r;
 }
 
 std::uint64_t Deployer::subscribe(std::function<void(const Event&)> listener) {

@@ -56,6 +56,9 @@ class Deployer final : public Engine {
   Result<Deployment> start(const std::string& model, bool allow_downtime) override;
   Result<Deployment> cancel(const std::string& id) override;
   std::vector<ModelInfo> models() const override;
+  boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime) override;
+  boost::asio::awaitable<Result<VerifyReport>> verify(std::string model) override;
+  boost::asio::awaitable<Result<Removal>> remove(std::string model) override;
   std::uint64_t subscribe(std::function<void(const Event&)> listener) override;
   void unsubscribe(std::uint64_t token) override;
   double uptime_s() const override;
@@ -71,6 +74,7 @@ class Deployer final : public Engine {
   void announce_status();
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model) const;
+  std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
 
   boost::asio::io_context& io_;
   Services services_;
@@ -80,6 +84,9 @@ class Deployer final : public Engine {
   std::shared_ptr<Running> running_;
   std::map<std::uint64_t, std::function<void(const Event&)>> listeners_;
   std::uint64_t next_listener_ = 1;
+  /// Models that a verify or rm works on now (model -> "verify" or "rm"): a deployment does not
+  /// start meanwhile, so no phase links from, evicts or rewrites a revision under them.
+  std::map<std::string, std::string> busy_;
   bool shutting_down_ = false;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

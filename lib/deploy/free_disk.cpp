@@ -9,6 +9,52 @@
 
 namespace modeld::deploy {
 
+std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<store::StoredModel>& stored,
+                                                          const config::Config& cfg, const std::string& target,
+                                                          const std::optional<std::string>& active,
+                                                          const std::map<std::string, std::string>& last_active,
+                                                          bool may_evict_active) {
+  std::vector<store::EvictionCandidate> candidates;
+  std::optional<store::EvictionCandidate> active_candidate;
+  for (const auto& m : stored) {
+    if (m.name == target) continue;
+    if (const auto* mc = cfg.find_model(m.name); mc && mc->pinned) continue;
+    auto la = last_active.find(m.name);
+    store::EvictionCandidate c{m.name, m.size_bytes,
+                               la == last_active.end() ? std::chrono::system_clock::time_point{}
+                                                       : util::parse_rfc3339(la->second)};
+    if (active && *active == m.name) {
+      // Evicting the model in service costs the rollback: only as the very last resort.
+      if (may_evict_active) active_candidate = std::move(c);
+      continue;
+    }
+    candidates.push_back(std::move(c));
+  }
+  if (active_candidate) {
+    active_candidate->last_active = std::chrono::system_clock::time_point::max();
+    candidates.push_back(std::move(*active_candidate));
+  }
+  return candidates;
+}
+
+Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
+                                          const std::optional<std::string>& active,
+                                          const std::map<std::string, std::string>& last_active,
+                                          bool may_evict_active) {
+  const auto& cfg = *s.config;
+  auto free = store::free_bytes(cfg.daemon.models_dir);
+  if (!free) return free.error();
+  if (need == 0) {
+    store::DiskPlan plan;
+    plan.bytes_free = *free;
+    plan.reserve = cfg.daemon.disk_reserve;
+    plan.fits = true;
+    return plan;
+  }
+  return store::plan_disk(need, *free, cfg.daemon.disk_reserve,
+                          eviction_candidates(s.store.list(), cfg, target, active, last_active, may_evict_active));
+}
+
 boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   const auto& cfg = *s.config;
   std::uint64_t need = 0;
@@ -16,25 +62,17 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   const std::uint64_t partial = s.store.partial_bytes(run.model.name, *run.record.commit);
   need = need > partial ? need - partial : 0;
 
-  auto free = store::free_bytes(cfg.daemon.models_dir);
-  if (!free) co_return free.error();
-
-  std::vector<store::EvictionCandidate> candidates;
-  for (const auto& m : s.store.list()) {
-    if (m.name == run.model.name) continue;                              // the target
-    if (run.previous && run.previous->model == m.name) continue;         // the active model
-    if (const auto* mc = cfg.find_model(m.name); mc && mc->pinned) continue;
-    auto la = run.last_active.find(m.name);
-    candidates.push_back({m.name, m.size_bytes,
-                          la == run.last_active.end() ? std::chrono::system_clock::time_point{}
-                                                      : util::parse_rfc3339(la->second)});
-  }
-  auto plan = store::plan_disk(need, *free, cfg.daemon.disk_reserve, std::move(candidates));
-
   if (need == 0) {
     sys::logf(sys::Level::info, run.fields(), "nothing to free: no bytes left to download");
     co_return Result<void>{};
   }
+  std::optional<std::string> active;
+  if (run.previous) active = run.previous->model;
+  // The active model is never evicted here: stopping_old runs after this phase.
+  auto planned = plan_freeing_disk(s, need, run.model.name, active, run.last_active, false);
+  if (!planned) co_return planned.error();
+  const auto& plan = *planned;
+  const std::uint64_t* free = &plan.bytes_free;
   if (!plan.fits) {
     std::uint64_t evictable = 0;
     for (const auto& c : plan.evict) evictable += c.size_bytes;

@@ -88,6 +88,17 @@ boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const confi
                                                                const std::optional<std::string>& active,
                                                                const std::map<std::string, std::string>& last_active);
 
+/// `modelctl verify`: on the disk pool, re-hashes every file of the revision models_dir/NAME
+/// points to (else the newest verified one) against its manifest and runs verify's structural
+/// checks; a clean result rewrites the manifest with the files' current identities. Errors:
+/// not_found when no verified revision of `name` is on disk; io_error (manifest unreadable or
+/// not writable).
+boost::asio::awaitable<Result<VerifyReport>> verify_on_disk(Services& s, const std::string& name);
+
+/// `modelctl rm`: on the disk pool, Store::remove_model (store folders and link, never through
+/// a symlink out of models_dir). Errors as remove_model.
+boost::asio::awaitable<Result<Removal>> remove_from_disk(Services& s, const std::string& name);
+
 /// planning: resolve the revision to a commit, list and filter files, refuse needed files that
 /// the filters drop, link unchanged files from older revisions, find what is still missing.
 boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run);

@@ -2,6 +2,7 @@
 #include "deploy/phases.hpp"
 
 #include "store/store.hpp"
+#include "util/on_pool.hpp"
 #include "util/text.hpp"
 #include "util/units.hpp"
 #include "verify/verify.hpp"
@@ -66,17 +67,15 @@ boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const confi
 
 }  // namespace
 
-boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
-  auto& rec = run.record;
-  // A resumed deployment keeps the commit it planned, so a push in between cannot mix versions.
-  const std::string revision = rec.commit.value_or(run.model.revision);
-  auto snap = co_await s.hub.snapshot(run.model.repo, revision);
+boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
+                                                                 const std::string& revision) {
+  auto snap = co_await s.hub.snapshot(model.repo, revision);
   if (!snap) co_return snap.error();
 
   hub::Snapshot kept = *snap;
   kept.files.clear();
   for (const auto& f : snap->files)
-    if (util::passes_filters(f.path, run.model.include, run.model.exclude)) kept.files.push_back(f);
+    if (util::passes_filters(f.path, model.include, model.exclude)) kept.files.push_back(f);
 
   auto dropped = verify::needed_but_filtered(snap->files, kept.files);
   if (!dropped.empty()) {
@@ -85,13 +84,24 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
     co_return make_error(Errc::plan_invalid,
                          fmt::format("model {}: include/exclude filter out files the checkpoint needs: {} "
                                      "(set in {})",
-                                     run.model.name, list, run.model.source_file.string()));
+                                     model.name, list, model.source_file.string()));
   }
   if (kept.files.empty())
     co_return make_error(Errc::plan_invalid, fmt::format("model {}: no file of {} at {} passes include/exclude",
-                                                         run.model.name, run.model.repo, snap->commit));
+                                                         model.name, model.repo, snap->commit));
 
-  if (auto r = co_await check_index_shards(s, run.model, *snap, kept); !r) co_return r.error();
+  if (auto r = co_await check_index_shards(s, model, *snap, kept); !r) co_return r.error();
+  co_return kept;
+}
+
+boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
+  auto& rec = run.record;
+  // A resumed deployment keeps the commit it planned, so a push in between cannot mix versions.
+  const std::string revision = rec.commit.value_or(run.model.revision);
+  auto listed = co_await list_planned_files(s, run.model, revision);
+  if (!listed) co_return listed.error();
+  hub::Snapshot kept = std::move(*listed);
+  const auto* snap = &kept;
 
   rec.commit = snap->commit;
   if (auto r = s.store.prepare_revision(run.model.name, snap->commit); !r) co_return r.error();
@@ -118,6 +128,76 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   for (const auto& f : run.missing) rec.progress.bytes_total += f.size;
   run.snapshot = std::move(kept);
   co_return Result<void>{};
+}
+
+namespace {
+
+// The disk side of the dry run: what is local, linkable and partial, and the eviction plan.
+// Blocking (stats and tree walks): runs on the disk pool.
+Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, const hub::Snapshot& listed,
+                                PlanReport p, const std::optional<std::string>& active,
+                                const std::map<std::string, std::string>& last_active, bool allow_downtime) {
+  std::vector<hub::RepoFile> missing;
+  if (s.store.manifest_still_matches(model.name, p.commit)) {
+    p.verified = true;
+    p.bytes_local = p.bytes_total;
+  } else {
+    auto found = s.store.plan_missing(model.name, listed);
+    if (!found) return found.error();
+    missing = std::move(found->missing);
+    p.bytes_linkable = found->linkable_bytes;
+  }
+  p.files_to_fetch = missing.size();
+  for (const auto& f : missing) p.bytes_to_fetch += f.size;
+  p.bytes_local = p.bytes_total - p.bytes_to_fetch;
+  p.bytes_partial = missing.empty() ? 0 : s.store.partial_bytes(model.name, p.commit);
+  p.bytes_needed = p.bytes_to_fetch > p.bytes_partial ? p.bytes_to_fetch - p.bytes_partial : 0;
+  auto plan = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, allow_downtime);
+  if (!plan) return plan.error();
+  p.bytes_free = plan->bytes_free;
+  p.fits = plan->fits;
+  std::uint64_t evicted = 0;
+  for (const auto& c : plan->evict) {
+    PlannedEviction e;
+    e.name = c.name;
+    e.bytes = c.size_bytes;
+    if (auto la = last_active.find(c.name); la != last_active.end()) e.last_active = la->second;
+    e.active = active && *active == c.name;
+    if (e.active) p.rollback_possible = false;
+    evicted += c.size_bytes;
+    p.evictions.push_back(std::move(e));
+  }
+  if (!p.fits) {
+    __extension__ using u128 = unsigned __int128;
+    const u128 want = u128(p.bytes_needed) + p.disk_reserve, have = u128(p.bytes_free) + evicted;
+    p.shortfall_bytes = want > have ? static_cast<std::uint64_t>(want - have) : 0;
+  }
+  return p;
+}
+
+}  // namespace
+
+boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
+                                                        bool allow_downtime, const std::optional<std::string>& active,
+                                                        const std::map<std::string, std::string>& last_active) {
+  auto listed = co_await list_planned_files(s, model, model.revision);
+  if (!listed) co_return listed.error();
+  PlanReport p;
+  p.model = model.name;
+  p.repo = model.repo;
+  p.revision = model.revision;
+  p.commit = listed->commit;
+  p.allow_downtime = allow_downtime;
+  p.active_model = active;
+  p.disk_reserve = s.config->daemon.disk_reserve;
+  p.files_total = listed->files.size();
+  for (const auto& f : listed->files) p.bytes_total += f.size;
+
+  // Stats and tree walks of a store that may hold terabytes: on the disk pool, as planning's
+  // own disk work would be, and with the same functions, minus every change. The job captures
+  // by reference only (GCC 12 mis-copies class objects captured by value in a coroutine).
+  co_return co_await util::on_pool<Result<PlanReport>>(
+      s.disk_pool, [&] { return plan_on_disk(s, model, *listed, p, active, last_active, allow_downtime); });
 }
 
 }  // namespace modeld::deploy

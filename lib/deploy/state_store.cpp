@@ -1,4 +1,5 @@
 #include "deploy/state_store.hpp"
+#include "util/json.hpp"
 
 #include "sys/log.hpp"
 #include "util/files.hpp"
@@ -54,12 +55,12 @@ Result<void> StateStore::save(const DaemonState& s) {
                                           {"since", s.active->since}}
                          : nlohmann::json(nullptr);
   j["last_active"] = s.last_active;
-  return util::write_file_atomically(dir_ / "state.json", j.dump(2) + "\n", 0600);
+  return util::write_file_atomically(dir_ / "state.json", util::dump_json(j, 2) + "\n", 0600);
 }
 
 Result<void> StateStore::save_deployment(const Deployment& d, std::size_t keep) {
   auto r = util::write_file_atomically(dir_ / "deployments" / (d.id + ".json"),
-                                       to_json(d, true).dump(2) + "\n", 0600);
+                                       util::dump_json(to_json(d, true), 2) + "\n", 0600);
   if (!r) return r;
   // Ids sort by start time, so the oldest files come first in name order.
   std::vector<fs::path> files;

@@ -541,6 +541,7 @@ awaitable<Result<void>> open_file(RunState& s, FileState& f) {
   f.counted = f.written.total();
   f.rate_bytes = f.counted;
   s.progress.bytes_done += f.counted;
+  if (f.counted > 0) s.report(false);  // resumed bytes show at once, however slow the link
   f.holes = f.written.gaps(f.file.size);
   f.stage = FileState::Stage::open;
   s.notify_work();  // idle workers may take its holes or split its first part
@@ -935,6 +936,11 @@ awaitable<Result<std::vector<Fetched>>> run_all(hub::Hub& hub, http::Client& cli
     });
   }
 
+  // The final report counts what is on disk, not what was received: bytes still in a block
+  // when the run stopped (a full disk, a cancel) were never written.
+  s.progress.bytes_done = 0;
+  for (auto& f : s.files)
+    s.progress.bytes_done += f->stage == FileState::Stage::done ? f->file.size : f->written.total();
   s.report(true);
   if (s.first_error) co_return *s.first_error;
   std::vector<Fetched> out;

@@ -1,4 +1,5 @@
 #include "fetch/partial.hpp"
+#include "util/json.hpp"
 
 #include "util/files.hpp"
 
@@ -22,7 +23,7 @@ std::string Sidecar::to_json() const {
       {"digest_kind", kind == verify::HashKind::sha256 ? "sha256" : "git_sha1"},
       {"digest", digest},
   };
-  return j.dump() + "\n";
+  return util::dump_json(j) + "\n";
 }
 
 std::optional<Sidecar> Sidecar::parse(std::string_view json) {
@@ -188,7 +189,7 @@ std::string PartialFile::sidecar_json(const RangeSet& written) const {
   j["boot_id"] = boot_id_;
   j["ranges"] = ranges_json(written);
   j["synced"] = ranges_json(synced_);
-  return j.dump() + "\n";
+  return util::dump_json(j) + "\n";
 }
 
 Result<void> PartialFile::record(const RangeSet& written, bool durable) {

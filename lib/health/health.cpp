@@ -1,4 +1,5 @@
 #include "health/health.hpp"
+#include "util/json.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -101,7 +102,7 @@ awaitable<Result<void>> probe_steps(http::Client& client, const Target& t, const
   // 3. A one-token completion.
   if (t.completion) {
     json body = {{"model", t.served_name}, {"prompt", "Hello"}, {"max_tokens", 1}, {"temperature", 0}};
-    req = make_request(t, "POST", "/v1/completions", body.dump());
+    req = make_request(t, "POST", "/v1/completions", util::dump_json(body));
     if (!req) co_return req.error();
     where = req->url.redacted();
     r = co_await client.request(*req, kMaxProbeBody);
@@ -199,7 +200,7 @@ awaitable<Result<BenchmarkResult>> benchmark(http::Client& client, const Target&
                                              unsigned max_tokens) {
   json body = {{"model", target.served_name}, {"prompt", prompt}, {"max_tokens", max_tokens},
                {"temperature", 0},           {"stream", true}};
-  auto req = make_request(target, "POST", "/v1/completions", body.dump());
+  auto req = make_request(target, "POST", "/v1/completions", util::dump_json(body));
   if (!req) co_return req.error();
   const std::string where = req->url.redacted();
 

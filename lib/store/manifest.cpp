@@ -2,6 +2,7 @@
 // and hard-linking unchanged files from older verified revisions.
 
 #include "store/store.hpp"
+#include "util/json.hpp"
 
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
@@ -112,7 +113,7 @@ Result<void> Store::write_manifest(const std::string& name, const Manifest& mani
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", path.parent_path().string(), ec.message()));
-  return util::write_file_atomically(path, to_json(manifest).dump(1) + "\n");
+  return util::write_file_atomically(path, util::dump_json(to_json(manifest), 1) + "\n");
 }
 
 bool Store::manifest_still_matches(const std::string& name, const std::string& commit) const {
@@ -129,14 +130,26 @@ bool Store::manifest_still_matches(const std::string& name, const std::string& c
 
 Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const std::string& name,
                                                                           const hub::Snapshot& snapshot) {
+  auto found = find_missing(name, snapshot, true);
+  if (!found) return found.error();
+  return std::move(found->missing);
+}
+
+Result<MissingFiles> Store::plan_missing(const std::string& name, const hub::Snapshot& snapshot) {
+  return find_missing(name, snapshot, false);
+}
+
+Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Snapshot& snapshot, bool link) {
   if (auto r = detail::check_names(name, snapshot.commit); !r) return r.error();
   for (const auto& f : snapshot.files)
     if (!util::safe_relative_path(f.path))
       return make_error(Errc::plan_invalid, fmt::format("{}: path escapes the model folder", f.path));
   const auto target = revision_dir(name, snapshot.commit);
   std::error_code ec;
-  fs::create_directories(target, ec);
-  if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", target.string(), ec.message()));
+  if (link) {
+    fs::create_directories(target, ec);
+    if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", target.string(), ec.message()));
+  }
 
   // Verified revisions of the same model, and where each content key can be found in them.
   struct Source {
@@ -163,12 +176,15 @@ Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const 
       if (util::safe_relative_path(mf.path)) by_key[content_key(mf.sha256, mf.git_sha1, mf.size)].emplace_back(s, i);
     }
 
-  std::vector<hub::RepoFile> missing;
+  MissingFiles out;
+  auto& missing = out.missing;
   for (const auto& f : snapshot.files) {
     const auto dest = target / f.path;
     struct stat st {};
-    if (::lstat(dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.size)
+    if (::lstat(dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.size) {
+      out.present_bytes += f.size;
       continue;  // present; its hash is checked by the fetch engine or verification later
+    }
 
     bool linked = false;
     auto found = by_key.find(f.lfs_sha256 ? content_key(*f.lfs_sha256, "", f.size) : content_key("", f.blob_id, f.size));
@@ -182,6 +198,10 @@ Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const 
       // Only a file that still has its verified identity is trusted without re-hashing.
       auto before = identity_of(src);
       if (!before || *before != mf.identity) continue;
+      if (!link) {
+        linked = true;  // the dry run stops at the decision: this file would be linked
+        break;
+      }
       fs::create_directories(dest.parent_path(), ec);
       if (ec) continue;
       // Link under a temporary name and rename over whatever stale file is in the way.
@@ -205,13 +225,16 @@ Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const 
             }
       break;
     }
-    if (!linked) missing.push_back(f);
+    if (linked)
+      out.linkable_bytes += f.size;
+    else
+      missing.push_back(f);
   }
 
   // Best effort: a manifest left stale only costs a re-hash of that revision later.
   for (const auto& s : sources)
     if (s.dirty) (void)write_manifest(name, s.manifest);
-  return missing;
+  return out;
 }
 
 }  // namespace modeld::store

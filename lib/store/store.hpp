@@ -63,6 +63,13 @@ struct StoredModel {
   std::uint64_t size_bytes = 0;              ///< all revisions, partial files included (hard links counted once)
 };
 
+/// What a revision still lacks (Store::plan_missing), in bytes as the listing gives them.
+struct MissingFiles {
+  std::vector<hub::RepoFile> missing;  ///< files to download
+  std::uint64_t present_bytes = 0;     ///< listed files already in place with their listed size
+  std::uint64_t linkable_bytes = 0;    ///< files another verified revision of the model holds unchanged
+};
+
 /// The store under one models_dir.
 class Store {
  public:
@@ -100,6 +107,11 @@ class Store {
   Result<std::vector<hub::RepoFile>> link_unchanged_and_list_missing(const std::string& name,
                                                                       const hub::Snapshot& snapshot);
 
+  /// The dry run of link_unchanged_and_list_missing (the same decisions, for `modelctl plan`):
+  /// creates, links and rewrites nothing. bad_request for an invalid name or commit,
+  /// plan_invalid for a listed path that escapes the model folder.
+  Result<MissingFiles> plan_missing(const std::string& name, const hub::Snapshot& snapshot);
+
   /// Bytes of partial downloads already on disk for a revision.
   std::uint64_t partial_bytes(const std::string& name, const std::string& commit) const;
 
@@ -117,6 +129,10 @@ class Store {
   Result<std::uint64_t> remove_other_revisions(const std::string& name, const std::string& keep_commit);
 
  private:
+  // The one implementation behind link_unchanged_and_list_missing (link = true) and
+  // plan_missing (link = false, nothing on disk changes).
+  Result<MissingFiles> find_missing(const std::string& name, const hub::Snapshot& snapshot, bool link);
+
   std::filesystem::path models_dir_;
 };
 

@@ -5,11 +5,12 @@
 
 namespace modeld {
 namespace {
-constexpr std::array<std::pair<Errc, std::string_view>, 27> kNames{{
+constexpr std::array<std::pair<Errc, std::string_view>, 28> kNames{{
     {Errc::bad_request, "bad_request"},
     {Errc::config_invalid, "config_invalid"},
     {Errc::unknown_model, "unknown_model"},
     {Errc::deployment_running, "deployment_running"},
+    {Errc::model_active, "model_active"},
     {Errc::deployment_ended, "deployment_ended"},
     {Errc::not_found, "not_found"},
     {Errc::forbidden, "forbidden"},

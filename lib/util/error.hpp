@@ -18,6 +18,7 @@ enum class Errc {
   config_invalid,       ///< the configuration does not parse or validate
   unknown_model,        ///< no model of that name is configured
   deployment_running,   ///< a deployment is already running
+  model_active,         ///< the model is in service (rm refuses it)
   deployment_ended,     ///< the deployment has already reached a terminal state
   not_found,            ///< no such route, deployment or file
   forbidden,            ///< the caller may not use this route

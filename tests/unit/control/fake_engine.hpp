@@ -31,6 +31,11 @@ class FakeEngine : public deploy::Engine {
   std::atomic<std::size_t> listener_count{0};
   int starts = 0;
   int cancels = 0;
+  // What plan, verify and remove answer, and what they were asked.
+  Result<deploy::PlanReport> plan_result = deploy::PlanReport{};
+  Result<deploy::VerifyReport> verify_result = deploy::VerifyReport{};
+  Result<deploy::Removal> remove_result = deploy::Removal{};
+  std::vector<std::string> asked;  // "plan NAME true", "verify NAME", "remove NAME"
 
   std::optional<deploy::Active> active() const override { return active_model; }
   std::optional<deploy::Deployment> current() const override {
@@ -73,6 +78,23 @@ class FakeEngine : public deploy::Engine {
     return make_error(Errc::not_found, "no deployment " + id);
   }
   std::vector<deploy::ModelInfo> models() const override { return configured; }
+  boost::asio::awaitable<Result<deploy::PlanReport>> plan(std::string model, bool allow_downtime) override {
+    asked.push_back("plan " + model + (allow_downtime ? " true" : " false"));
+    if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
+    co_return plan_result;
+  }
+  boost::asio::awaitable<Result<deploy::VerifyReport>> verify(std::string model) override {
+    asked.push_back("verify " + model);
+    if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
+    co_return verify_result;
+  }
+  boost::asio::awaitable<Result<deploy::Removal>> remove(std::string model) override {
+    asked.push_back("remove " + model);
+    if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
+    if (active_model && active_model->model == model)
+      co_return make_error(Errc::model_active, "model " + model + " is active");
+    co_return remove_result;
+  }
   std::uint64_t subscribe(std::function<void(const deploy::Event&)> listener) override {
     auto token = next_token++;
     listeners.emplace(token, std::move(listener));

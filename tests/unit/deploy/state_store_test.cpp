@@ -1,4 +1,7 @@
 #include "deploy/state_store.hpp"
+#include "util/json.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -85,4 +88,21 @@ TEST_CASE("an unreadable deployment file is skipped") {
   auto h = s.load_history(10);
   REQUIRE(h.size() == 1);
   CHECK(h.front().id == "a");
+}
+
+TEST_CASE("an error message quoting bytes that are not UTF-8 is saved and read back, not thrown") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  auto d = make("20261129T000000Z-m");
+  // A Hub's X-Error-Message, or a health body, quoted as it came.
+  d.error = Error{Errc::hub_bad_response, "the Hub answered 401: \xff\xfe not ready"};
+  REQUIRE(s.save_deployment(d).has_value());
+  auto back = s.load_history(10);
+  REQUIRE(back.size() == 1);
+  REQUIRE(back[0].error);
+  CHECK(back[0].error->message == "the Hub answered 401: \xef\xbf\xbd\xef\xbf\xbd not ready");
+  // The API's and events' text of it is valid JSON too.
+  CHECK(nlohmann::json::parse(util::dump_json(to_json(d)))["error"]["message"] ==
+        "the Hub answered 401: \xef\xbf\xbd\xef\xbf\xbd not ready");
 }

@@ -1,0 +1,111 @@
+// verify and rm of a model on disk, outside any deployment (modelctl verify, modelctl rm).
+#include "deploy/phases.hpp"
+
+#include "store/store.hpp"
+#include "util/on_pool.hpp"
+#include "util/text.hpp"
+#include "verify/verify.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+#include <thread>
+
+namespace modeld::deploy {
+
+namespace {
+
+// The revision verify checks: the one in service under models_dir/NAME, else the newest one
+// whose manifest says it was verified. Runs on the disk pool.
+Result<store::Manifest> revision_to_verify(store::Store& st, const std::string& name) {
+  if (auto linked = st.linked_commit(name)) {
+    auto m = st.read_manifest(name, *linked);
+    if (!m) return m.error();
+    if (!*m)
+      return make_error(Errc::not_found,
+                        fmt::format("{} points to revision {}, which was never verified (no manifest)",
+                                    st.model_path(name).string(), *linked));
+    return std::move(**m);
+  }
+  std::optional<store::Manifest> newest;
+  for (const auto& stored : st.list()) {
+    if (stored.name != name) continue;
+    for (const auto& c : stored.commits) {
+      auto m = st.read_manifest(name, c);
+      if (!m) return m.error();
+      if (*m && (!newest || (*m)->verified_at > newest->verified_at)) newest = std::move(**m);
+    }
+  }
+  if (!newest)
+    return make_error(Errc::not_found, fmt::format("model {} has no verified revision on disk under {}", name,
+                                                   st.models_dir().string()));
+  return std::move(*newest);
+}
+
+Result<VerifyReport> verify_blocking(store::Store& st, const std::string& name) {
+  auto manifest = revision_to_verify(st, name);
+  if (!manifest) return manifest.error();
+  const auto dir = st.revision_dir(name, manifest->commit);
+  std::vector<hub::RepoFile> files;
+  for (const auto& mf : manifest->files) {
+    hub::RepoFile f;
+    f.path = mf.path;
+    f.size = mf.size;
+    f.blob_id = mf.git_sha1;
+    if (!mf.sha256.empty()) f.lfs_sha256 = mf.sha256;
+    files.push_back(std::move(f));
+  }
+  VerifyReport out;
+  out.model = name;
+  out.commit = manifest->commit;
+  out.files = files.size();
+  for (const auto& f : files) out.bytes += f.size;
+
+  // Files are hashed in parallel (one reader per core: the bottleneck of a local NVMe array is
+  // the hashing), then the structure is checked from the headers alone.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  auto report = verify::check_hashes(dir, files, cores);
+  auto structure = verify::check_structure(dir, files);
+  // A missing or short file is reported by both checks in the same words: once is enough.
+  std::set<std::pair<std::string, std::string>> seen;
+  for (auto* r : {&report, &structure})
+    for (auto& p : r->problems)
+      if (seen.emplace(p.file, p.message).second)
+        out.problems.push_back({std::string(to_string(p.code)), p.file, p.tensor, p.message});
+  if (!out.ok()) return out;
+
+  // Clean: what is on disk is what was verified, so the manifest records the files as they are
+  // now, and later plans and status reads trust them again without re-hashing.
+  for (auto& mf : manifest->files) {
+    auto id = store::identity_of(dir / mf.path);
+    if (!id) return id.error();
+    mf.identity = *id;
+  }
+  manifest->verified_at = util::rfc3339(std::chrono::system_clock::now());
+  if (auto w = st.write_manifest(name, *manifest); !w) return w.error();
+  return out;
+}
+
+}  // namespace
+
+boost::asio::awaitable<Result<VerifyReport>> verify_on_disk(Services& s, const std::string& name) {
+  // By reference only: GCC 12 mis-copies class objects captured by value in a coroutine.
+  co_return co_await util::on_pool<Result<VerifyReport>>(s.disk_pool, [&] { return verify_blocking(s.store, name); });
+}
+
+boost::asio::awaitable<Result<Removal>> remove_from_disk(Services& s, const std::string& name) {
+  co_return co_await util::on_pool<Result<Removal>>(s.disk_pool, [&]() -> Result<Removal> {
+    auto& st = s.store;
+    Removal out;
+    out.model = name;
+    for (const auto& stored : st.list())
+      if (stored.name == name) out.commits = stored.commits;
+    auto freed = st.remove_model(name);
+    if (!freed) return freed.error();
+    out.bytes_freed = *freed;
+    return out;
+  });
+}
+
+}  // namespace modeld::deploy

@@ -1,0 +1,222 @@
+// The plan, verify and rm routes, answered by handle_async() against a fake engine on an
+// io_context, without sockets.
+
+#include "control/routes.hpp"
+#include "unit/control/fake_engine.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <optional>
+
+using namespace modeld;
+using namespace modeld::control;
+using control::test::FakeEngine;
+using nlohmann::json;
+
+namespace {
+
+const Peer root{0, 0, 1};
+const Peer member{1000, 1000, 4242};
+const Peer stranger{1001, 1001, 4343};
+
+Access members_only() {
+  Access a;
+  a.group = "modeld";
+  a.is_member = [](const Peer& p, const std::string&) { return p.uid == 1000; };
+  return a;
+}
+
+Response call(FakeEngine& e, std::string method, std::string target, const Peer& peer = member) {
+  boost::asio::io_context io;
+  std::optional<Response> out;
+  const Access access = members_only();
+  boost::asio::co_spawn(io, handle_async(Request{std::move(method), std::move(target), {}}, peer, e, access),
+                        [&](std::exception_ptr ex, Response r) {
+                          REQUIRE_FALSE(ex);
+                          out = std::move(r);
+                        });
+  io.run();
+  REQUIRE(out);
+  return *out;
+}
+
+json body_of(const Response& r) {
+  REQUIRE(r.content_type == "application/json");
+  return json::parse(r.body);
+}
+
+void require_error(const Response& r, unsigned status, std::string_view code) {
+  CHECK(r.status == status);
+  auto j = body_of(r);
+  REQUIRE(j.contains("error"));
+  CHECK(j["error"]["code"] == code);
+  CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+}
+
+deploy::PlanReport sample_plan() {
+  deploy::PlanReport p;
+  p.model = "llama";
+  p.repo = "meta/llama";
+  p.revision = "main";
+  p.commit = std::string(40, 'a');
+  p.files_total = 5;
+  p.bytes_total = 1000;
+  p.files_to_fetch = 2;
+  p.bytes_to_fetch = 600;
+  p.bytes_local = 400;
+  p.bytes_linkable = 100;
+  p.bytes_partial = 50;
+  p.bytes_needed = 550;
+  p.bytes_free = 10000;
+  p.disk_reserve = 9800;
+  p.evictions.push_back({"kimi-k2-5", 700, std::string("2026-11-29T19:00:00Z"), true});
+  p.fits = true;
+  p.allow_downtime = true;
+  p.active_model = "kimi-k2-5";
+  p.rollback_possible = false;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("a plan is answered with every number, the evictions and whether rollback stays possible") {
+  FakeEngine e;
+  e.plan_result = sample_plan();
+  auto r = call(e, "GET", "/v1/models/llama/plan?allow_downtime=true", stranger);
+  REQUIRE(r.status == 200);
+  CHECK(e.asked == std::vector<std::string>{"plan llama true"});
+  auto j = body_of(r);
+  CHECK(j["commit"] == std::string(40, 'a'));
+  CHECK(j["files_to_fetch"] == 2);
+  CHECK(j["bytes_to_fetch"] == 600);
+  CHECK(j["bytes_local"] == 400);
+  CHECK(j["bytes_linkable"] == 100);
+  CHECK(j["bytes_partial"] == 50);
+  CHECK(j["bytes_needed"] == 550);
+  CHECK(j["bytes_free"] == 10000);
+  CHECK(j["disk_reserve"] == 9800);
+  CHECK(j["evictions"] == json::array({{{"name", "kimi-k2-5"}, {"bytes", 700},
+                                        {"last_active", "2026-11-29T19:00:00Z"}, {"active", true}}}));
+  CHECK(j["fits"] == true);
+  CHECK(j["rollback_possible"] == false);
+  CHECK(j["active_model"] == "kimi-k2-5");
+}
+
+TEST_CASE("plan is a read route and defaults to no downtime") {
+  FakeEngine e;
+  auto r = call(e, "GET", "/v1/models/kimi-k2-5/plan", stranger);
+  CHECK(r.status == 200);
+  CHECK(e.asked == std::vector<std::string>{"plan kimi-k2-5 false"});
+}
+
+TEST_CASE("plan of an unknown or invalid model name is 404 unknown_model") {
+  FakeEngine e;
+  require_error(call(e, "GET", "/v1/models/nope/plan"), 404, "unknown_model");
+  require_error(call(e, "GET", "/v1/models/..%2Fetc/plan"), 404, "not_found");
+  require_error(call(e, "GET", "/v1/models/UPPER/plan"), 404, "unknown_model");
+  CHECK(e.asked == std::vector<std::string>{"plan nope false"});
+}
+
+TEST_CASE("a plan the Hub cannot answer is an error naming the Hub's code") {
+  FakeEngine e;
+  e.plan_result = make_error(Errc::hub_unavailable, "listing meta/llama at main: 503 after 4 tries");
+  auto r = call(e, "GET", "/v1/models/llama/plan");
+  require_error(r, 500, "hub_unavailable");
+  CHECK(body_of(r)["error"]["message"] == "listing meta/llama at main: 503 after 4 tries");
+}
+
+TEST_CASE("a malformed allow_downtime is 400 and the engine is not asked") {
+  FakeEngine e;
+  require_error(call(e, "GET", "/v1/models/llama/plan?allow_downtime=maybe"), 400, "bad_request");
+  CHECK(e.asked.empty());
+}
+
+TEST_CASE("the model routes answer 405 with Allow for other methods") {
+  FakeEngine e;
+  auto r = call(e, "POST", "/v1/models/llama/plan");
+  CHECK(r.status == 405);
+  CHECK(r.headers == std::vector<std::pair<std::string, std::string>>{{"Allow", "GET"}});
+  CHECK(call(e, "GET", "/v1/models/llama/verify").status == 405);
+  CHECK(call(e, "GET", "/v1/models/llama").status == 405);
+  CHECK(e.asked.empty());
+}
+
+TEST_CASE("verify and rm are refused 403 to a peer that is neither root nor a member") {
+  FakeEngine e;
+  require_error(call(e, "POST", "/v1/models/llama/verify", stranger), 403, "forbidden");
+  require_error(call(e, "DELETE", "/v1/models/llama", stranger), 403, "forbidden");
+  CHECK(e.asked.empty());
+  CHECK(call(e, "POST", "/v1/models/llama/verify", root).status == 200);
+  CHECK(call(e, "DELETE", "/v1/models/llama", root).status == 200);
+}
+
+TEST_CASE("a clean verify reports ok and an empty problem list") {
+  FakeEngine e;
+  e.verify_result = deploy::VerifyReport{"llama", std::string(40, 'b'), 5, 1000, {}};
+  auto j = body_of(call(e, "POST", "/v1/models/llama/verify"));
+  CHECK(j == json{{"model", "llama"}, {"commit", std::string(40, 'b')}, {"files", 5}, {"bytes", 1000},
+                  {"ok", true}, {"problems", json::array()}});
+}
+
+TEST_CASE("verify lists each problem with its file, tensor and code") {
+  FakeEngine e;
+  deploy::VerifyReport rep{"llama", "c", 2, 10, {}};
+  rep.problems.push_back({"checksum_mismatch", "model-00001.safetensors", "", "model-00001.safetensors: sha256 ..."});
+  rep.problems.push_back({"checkpoint_incomplete", "model-00002.safetensors", "w.2",
+                          "model-00002.safetensors: tensor 'w.2': ..."});
+  e.verify_result = rep;
+  auto r = call(e, "POST", "/v1/models/llama/verify");
+  REQUIRE(r.status == 200);
+  auto j = body_of(r);
+  CHECK(j["ok"] == false);
+  REQUIRE(j["problems"].size() == 2);
+  CHECK(j["problems"][0]["file"] == "model-00001.safetensors");
+  CHECK(j["problems"][0]["tensor"].is_null());
+  CHECK(j["problems"][0]["code"] == "checksum_mismatch");
+  CHECK(j["problems"][1]["tensor"] == "w.2");
+}
+
+TEST_CASE("verify while a deployment runs is 409 deployment_running, and of a model not on disk 404") {
+  FakeEngine e;
+  e.verify_result = make_error(Errc::deployment_running, "deployment d1 of llama is running");
+  require_error(call(e, "POST", "/v1/models/llama/verify"), 409, "deployment_running");
+  e.verify_result = make_error(Errc::not_found, "model llama has no verified revision on disk");
+  require_error(call(e, "POST", "/v1/models/llama/verify"), 404, "not_found");
+  require_error(call(e, "POST", "/v1/models/ghost/verify"), 404, "unknown_model");
+}
+
+TEST_CASE("rm answers what it deleted") {
+  FakeEngine e;
+  e.remove_result = deploy::Removal{"llama", 4096, {"c1", "c2"}};
+  auto r = call(e, "DELETE", "/v1/models/llama");
+  REQUIRE(r.status == 200);
+  CHECK(body_of(r) == json{{"model", "llama"}, {"bytes_freed", 4096}, {"commits", {"c1", "c2"}}});
+  CHECK(e.asked == std::vector<std::string>{"remove llama"});
+}
+
+TEST_CASE("rm of the active model is 409 model_active naming it") {
+  FakeEngine e;
+  e.active_model = deploy::Active{"llama", "abc", "modeld-serve@llama.service", 8000, "2026-11-29T19:00:00Z"};
+  auto r = call(e, "DELETE", "/v1/models/llama");
+  require_error(r, 409, "model_active");
+  CHECK(body_of(r)["error"]["message"].get<std::string>().find("llama") != std::string::npos);
+}
+
+TEST_CASE("rm of a model a running deployment uses is 409 deployment_running, of an unknown one 404") {
+  FakeEngine e;
+  e.remove_result = make_error(Errc::deployment_running, "deployment d1 of llama is running");
+  require_error(call(e, "DELETE", "/v1/models/llama"), 409, "deployment_running");
+  require_error(call(e, "DELETE", "/v1/models/ghost"), 404, "unknown_model");
+}
+
+TEST_CASE("handle_async answers the other routes as handle does") {
+  FakeEngine e;
+  auto r = call(e, "GET", "/v1/status");
+  CHECK(r.status == 200);
+  CHECK(body_of(r)["daemon"]["version"] == MODELD_VERSION);
+  require_error(call(e, "GET", "/v1/models/llama/other"), 404, "not_found");
+  require_error(call(e, "GET", "/v1/models/llama/plan/x"), 404, "not_found");
+}
