@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -283,10 +284,13 @@ int model_request_failed(const Context& c, const modelctl::Reply& r) {
   return r.status == 404 || r.status == 403 ? exit_refused : exit_failed;
 }
 
-int cmd_plan(Context& c, const std::string& name, bool allow_downtime) {
+// plan, verify and rm: one request that may take long (verify hashes the whole checkpoint), the
+// answer printed raw (--json) or as `text`; exit 0 when `ok` says the answer is good.
+int model_command(Context& c, const char* method, const std::string& target,
+                  const std::function<std::string(const json&)>& text,
+                  const std::function<bool(const json&)>& ok) {
   Daemon slow(c.daemon.socket_path(), slow_timeout);
-  auto r = slow.call("GET", "/v1/models/" + modeld::util::url_encode_segment(name) + "/plan" +
-                                (allow_downtime ? "?allow_downtime=true" : ""));
+  auto r = slow.call(method, target);
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 200) return model_request_failed(c, *r);
   auto j = parse_body(*r);
@@ -294,36 +298,29 @@ int cmd_plan(Context& c, const std::string& name, bool allow_downtime) {
   if (c.json)
     print_raw(r->body);
   else
-    std::fputs(modelctl::plan_text(*j, c.style).c_str(), stdout);
-  return j->value("fits", false) ? exit_ok : exit_failed;
+    std::fputs(text(*j).c_str(), stdout);
+  return ok(*j) ? exit_ok : exit_failed;
+}
+
+std::string model_target(const std::string& name) { return "/v1/models/" + modeld::util::url_encode_segment(name); }
+
+int cmd_plan(Context& c, const std::string& name, bool allow_downtime) {
+  return model_command(
+      c, "GET", model_target(name) + "/plan" + (allow_downtime ? "?allow_downtime=true" : ""),
+      [&](const json& j) { return modelctl::plan_text(j, c.style); },
+      [](const json& j) { return j.value("fits", false); });
 }
 
 int cmd_verify(Context& c, const std::string& name) {
-  Daemon slow(c.daemon.socket_path(), slow_timeout);
-  auto r = slow.call("POST", "/v1/models/" + modeld::util::url_encode_segment(name) + "/verify");
-  if (!r) return unreachable(c.daemon, r.error());
-  if (r->status != 200) return model_request_failed(c, *r);
-  auto j = parse_body(*r);
-  if (!j) return exit_failed;
-  if (c.json)
-    print_raw(r->body);
-  else
-    std::fputs(modelctl::verify_text(*j, c.style).c_str(), stdout);
-  return j->value("ok", false) ? exit_ok : exit_failed;
+  return model_command(
+      c, "POST", model_target(name) + "/verify", [&](const json& j) { return modelctl::verify_text(j, c.style); },
+      [](const json& j) { return j.value("ok", false); });
 }
 
 int cmd_rm(Context& c, const std::string& name) {
-  Daemon slow(c.daemon.socket_path(), slow_timeout);
-  auto r = slow.call("DELETE", "/v1/models/" + modeld::util::url_encode_segment(name));
-  if (!r) return unreachable(c.daemon, r.error());
-  if (r->status != 200) return model_request_failed(c, *r);
-  auto j = parse_body(*r);
-  if (!j) return exit_failed;
-  if (c.json)
-    print_raw(r->body);
-  else
-    std::fputs(modelctl::removal_text(*j).c_str(), stdout);
-  return exit_ok;
+  return model_command(
+      c, "DELETE", model_target(name), [](const json& j) { return modelctl::removal_text(j); },
+      [](const json&) { return true; });
 }
 
 }  // namespace

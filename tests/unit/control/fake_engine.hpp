@@ -1,7 +1,13 @@
 #pragma once
 // A deploy::Engine that keeps everything in memory, for the control plane's tests.
 
+#include "control/routes.hpp"
 #include "deploy/engine.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <string_view>
 
 #include <atomic>
 #include <map>
@@ -116,5 +122,21 @@ class FakeEngine : public deploy::Engine {
  private:
   std::uint64_t next_token = 1;
 };
+
+/// The JSON body of a response (which must say application/json).
+inline nlohmann::json body_of(const Response& r) {
+  REQUIRE(r.content_type == "application/json");
+  return nlohmann::json::parse(r.body);
+}
+
+/// Checks that `r` is the API error `code` with HTTP `status` and a message.
+inline void require_error(const Response& r, unsigned status, std::string_view code) {
+  CHECK(r.status == status);
+  auto j = body_of(r);
+  REQUIRE(j.contains("error"));
+  CHECK(j["error"]["code"] == code);
+  CHECK(j["error"]["message"].is_string());
+  CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+}
 
 }  // namespace modeld::control::test

@@ -14,6 +14,8 @@
 using namespace modeld;
 using namespace modeld::control;
 using control::test::FakeEngine;
+using control::test::body_of;
+using control::test::require_error;
 using nlohmann::json;
 
 namespace {
@@ -43,18 +45,6 @@ Response call(FakeEngine& e, std::string method, std::string target, const Peer&
   return *out;
 }
 
-json body_of(const Response& r) {
-  REQUIRE(r.content_type == "application/json");
-  return json::parse(r.body);
-}
-
-void require_error(const Response& r, unsigned status, std::string_view code) {
-  CHECK(r.status == status);
-  auto j = body_of(r);
-  REQUIRE(j.contains("error"));
-  CHECK(j["error"]["code"] == code);
-  CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
-}
 
 deploy::PlanReport sample_plan() {
   deploy::PlanReport p;

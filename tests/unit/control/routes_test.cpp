@@ -9,7 +9,9 @@
 using namespace modeld;
 using namespace modeld::control;
 using control::test::FakeEngine;
+using control::test::body_of;
 using control::test::make_deployment;
+using control::test::require_error;
 using nlohmann::json;
 
 namespace {
@@ -36,20 +38,6 @@ Response call(FakeEngine& e, std::string method, std::string target, std::string
               const Peer& peer = member) {
   Members m;
   return handle(Request{std::move(method), std::move(target), std::move(body)}, peer, e, m.access());
-}
-
-json body_of(const Response& r) {
-  REQUIRE(r.content_type == "application/json");
-  return json::parse(r.body);
-}
-
-void require_error(const Response& r, unsigned status, std::string_view code) {
-  CHECK(r.status == status);
-  auto j = body_of(r);
-  REQUIRE(j.contains("error"));
-  CHECK(j["error"]["code"] == code);
-  CHECK(j["error"]["message"].is_string());
-  CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
 }
 
 }  // namespace
