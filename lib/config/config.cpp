@@ -12,6 +12,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cctype>
 #include <cstdlib>
 #include <functional>
@@ -201,7 +202,18 @@ bool valid_http_url(std::string_view url) {
   else
     return false;
   if (rest.empty() || rest[0] == '/') return false;
-  return std::none_of(url.begin(), url.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n'; });
+  if (std::any_of(url.begin(), url.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n'; })) return false;
+  // An explicit port must be a number from 1 to 65535 ("http://host:99999" is refused here,
+  // not at the first download).
+  auto authority = rest.substr(0, rest.find_first_of("/?#"));
+  auto host_end = authority.starts_with("[") ? authority.find(']') : 0;
+  if (host_end == std::string_view::npos) return false;
+  auto colon = authority.find(':', host_end);
+  if (colon == std::string_view::npos) return true;
+  auto port = authority.substr(colon + 1);
+  unsigned value = 0;
+  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  return ec == std::errc() && p == port.data() + port.size() && value >= 1 && value <= 65535;
 }
 
 // Trailing slashes are dropped so that the Hub client can append "/api/..." as huggingface_hub

@@ -507,3 +507,19 @@ command = ["vllm", "serve", "{modeldir}", "--port", "{port}", "--override", "{\"
   CHECK(r.problems[0].message.find("unknown placeholder {modeldir}") != std::string::npos);
   CHECK(r.problems[0].line == 4);
 }
+
+TEST_CASE("an endpoint with a port outside 1..65535 is refused at check time") {
+  for (const char* endpoint : {"http://127.0.0.1:99999", "https://hub.example:0", "http://[::1]:x", "http://[::1"}) {
+    TempDir dir;
+    fs::path main = dir.write("modeld.toml", fmt::format("[hub]\nendpoint = \"{}\"\n", endpoint));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    CHECK(find_problem(r, fmt::format("hub.endpoint must be an http:// or https:// URL, got \"{}\"", endpoint)));
+  }
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[hub]\nendpoint = \"http://[::1]:8080/\"\n");
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.config);
+  CHECK(r.config->hub.endpoint == "http://[::1]:8080");
+}
