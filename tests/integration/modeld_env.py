@@ -140,7 +140,8 @@ class Hub:
 
 
 def model_table(name: str, repo: str, port: int, *, load_seconds: float = 0.0, extra_serve: str = "",
-                extra: str = "", serve_args: list[str] | None = None, stop_timeout: str = "30s") -> str:
+                extra: str = "", serve_args: list[str] | None = None, stop_timeout: str = "30s",
+                startup_timeout: str = "120s") -> str:
     """The TOML of one model served by the stand-in inference server (fake_vllm.py)."""
     command = [PYTHON, str(FIXTURES / "fake_vllm.py"), "serve", "{model_dir}", "--served-model-name",
                "{served_name}", "--port", "{port}", "--load-seconds", str(load_seconds), *(serve_args or [])]
@@ -152,7 +153,7 @@ revision = "main"
 [models.{name}.serve]
 command = {json.dumps(command)}
 port = {port}
-startup_timeout = "120s"
+startup_timeout = "{startup_timeout}"
 stop_timeout = "{stop_timeout}"
 {extra_serve}
 """

@@ -31,8 +31,9 @@ def env(tmp_path_factory):
     # A repository whose index names a shard that was never pushed.
     holey = e.add_repo("acme/holey", shards=3, shard_size=100_000, seed=17)
     (holey / "model-00002-of-00003.safetensors").unlink()
+    e.add_repo("acme/mojibake", shards=1, shard_size=100_000, seed=18)
     e.ports = {"good": free_port(), "broken": free_port(), "other": free_port(), "fresh": free_port(),
-               "big": free_port(), "stubborn": free_port(), "holey": free_port()}
+               "big": free_port(), "stubborn": free_port(), "holey": free_port(), "mojibake": free_port()}
     e.tables = (model_table("good", "acme/good", e.ports["good"])
                 # Starts, then exits 1 at once: what a server does on a bad flag or a CUDA error.
                 + model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
@@ -43,7 +44,10 @@ def env(tmp_path_factory):
                 # whole stop_timeout, after which systemd kills it.
                 + model_table("stubborn", "acme/stubborn", e.ports["stubborn"], serve_args=["--ignore-sigterm"],
                               stop_timeout="3s")
-                + model_table("holey", "acme/holey", e.ports["holey"]))
+                + model_table("holey", "acme/holey", e.ports["holey"])
+                # Answers /health with 500 and bytes that are not UTF-8, which modeld quotes.
+                + model_table("mojibake", "acme/mojibake", e.ports["mojibake"],
+                              serve_args=["--health-body", "fffe206e6f74207265616479"], startup_timeout="3s"))
     try:
         e.start(e.tables)
         e.deploy_and_wait("good")
@@ -151,6 +155,19 @@ def test_a_cancel_while_the_old_model_is_stopping_brings_it_back(env):
     wait_for("stubborn to answer again", lambda: completion(env.ports["stubborn"], "stubborn"), timeout=60)
 
 
+def test_a_health_answer_that_is_not_utf8_is_quoted_safely_and_rolled_back(env):
+    """The error quotes the server's bytes; they once made the API and the state files throw."""
+    active = env.status()["active"]["model"]
+    dep = env.deploy_and_wait("mojibake", 1)
+    assert dep["state"] == "rolled_back", dep
+    assert "\ufffd" in dep["error"]["message"], dep["error"]
+    # The API, the history and the old model are all fine.
+    assert env.status()["deployment"]["id"] == dep["id"]
+    assert env.modelctl("status").returncode == 0
+    assert env.status()["active"]["model"] == active
+    assert completion(env.ports[active], active)
+
+
 def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     # Ask for more headroom than any disk has; the running daemon picks it up at restart.
     active_before = env.status()["active"]["model"]
@@ -168,3 +185,4 @@ def test_a_plan_that_cannot_fit_is_refused_before_downloading(env):
     # A model whose files are all on disk and verified needs no room: it deploys.
     env.deploy_and_wait("good")
     assert env.status()["active"]["model"] == "good"
+

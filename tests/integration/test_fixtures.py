@@ -937,6 +937,12 @@ def test_fake_vllm_fail_health_and_exit_after(start_vllm, model_dir):
     assert p.p.wait(30) == 3
 
 
+def test_fake_vllm_health_body_answers_500_with_those_bytes(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--health-body", "fffe206e6f74")
+    status, _, body = fetch(f"http://127.0.0.1:{vllm_port(p)}/health")
+    assert (status, body) == (500, b"\xff\xfe not")
+
+
 def test_fake_vllm_ignore_sigterm_needs_sigkill(start_vllm, model_dir):
     p = start_vllm(model_dir, "--ignore-sigterm")
     base = f"http://127.0.0.1:{vllm_port(p)}"
