@@ -583,11 +583,11 @@ class SegmentRequest {
     http::Request req;
     req.url = *url;
     first_ = seg_.received;
-    asked_end_ = seg_.end;
-    bool whole = first_ == 0 && asked_end_ == f_.file.size;
+    const std::uint64_t asked_end = seg_.end;
+    bool whole = first_ == 0 && asked_end == f_.file.size;
     if (!whole) {
-      if (asked_end_ == f_.file.size) req.headers.add("Range", fmt::format("bytes={}-", first_));
-      else req.headers.add("Range", fmt::format("bytes={}-{}", first_, asked_end_ - 1));
+      if (asked_end == f_.file.size) req.headers.add("Range", fmt::format("bytes={}-", first_));
+      else req.headers.add("Range", fmt::format("bytes={}-{}", first_, asked_end - 1));
     }
     http::BodySink sink;
     sink.on_head = [this](const http::ResponseHead& h) { return on_head(h); };
@@ -634,7 +634,6 @@ class SegmentRequest {
 
   bool got_416() const { return status_ == 416; }
   std::optional<std::chrono::seconds> retry_after() const { return retry_after_; }
-  bool moved() const { return seg_.received > first_; }
 
  private:
   Result<void> on_head(const http::ResponseHead& h) {
@@ -771,7 +770,6 @@ class SegmentRequest {
   Segment& seg_;
   FileState& f_;
   std::uint64_t first_ = 0;
-  std::uint64_t asked_end_ = 0;
   unsigned status_ = 0;
   std::uint64_t skip_ = 0;
   bool reached_end_ = false;
