@@ -177,8 +177,10 @@ def test_a_429_with_retry_after_seconds_waits_that_long(env):
 
 
 def test_a_429_with_retry_after_as_an_http_date_waits_until_that_date(env):
-    # A date 4-5 s ahead (HTTP-dates have whole seconds); the failures come within a second or two.
-    not_before = float(int(time.time()) + 5)
+    # A date 9-10 s ahead (HTTP-dates have whole seconds). The first failures must come at least
+    # 2 s before it, so the wait is the date's and not a backoff (1 s + 25 % jitter); a slow CI
+    # host may take several seconds to reconfigure the hub and start the deployment.
+    not_before = float(int(time.time()) + 10)
     date = email.utils.formatdate(not_before, usegmt=True)
     dep, _ = deploy_under(env, "s429date", fail_first=1, fail_glob="acme/s429date/*.safetensors",
                           fail_status=429, retry_after=date)
