@@ -181,6 +181,9 @@ std::string plan_text(const json& p, const Style& style) {
   if (auto linkable = uint(p, "bytes_linkable"); linkable > 0)
     local += fmt::format(" ({} hard-linked from older revisions)", bytes(linkable));
   out += fmt::format("  Local:      {}\n", local);
+  if (const auto& from = p.value("adopt_from", json()); from.is_string())
+    out += fmt::format("  Adopt:      {}, {} from {} (hashed at deployment; a file that differs is downloaded)\n",
+                       files(uint(p, "files_adoptable")), bytes(uint(p, "bytes_adoptable")), from.get<std::string>());
   out += fmt::format("  Partial:    {} already downloaded, resumed\n", bytes(uint(p, "bytes_partial")));
   out += fmt::format("  Needed:     {} of new disk space\n", bytes(uint(p, "bytes_needed")));
   out += fmt::format("  Free:       {}\n", bytes(uint(p, "bytes_free")));

@@ -114,12 +114,25 @@ asio::awaitable<void> Deployer::recover() {
         sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
       } else if (st->active_state == "active" || st->active_state == "activating" || st->active_state == "reloading") {
         sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit, st->active_state);
+        // It serves already: a changed file is reported, not re-hashed under the running server.
+        const bool unchanged = co_await files_still_trusted(services_, m->name, state_.active->commit, f, false);
+        (void)unchanged;
       } else {
-        sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name, st->active_state, unit);
-        auto reset = co_await services_.units.reset_failed(unit);  // best effort: StartUnit reports the real problem
-        (void)reset;
-        if (auto s = co_await services_.units.start(unit); !s)
-          sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
+        // Never start a checkpoint whose files changed since their verification without re-hashing.
+        const bool trusted = co_await files_still_trusted(services_, m->name, state_.active->commit, f, true);
+        if (!trusted) {
+          sys::logf(sys::Level::error, f,
+                    "active model {} is not running and its files fail verification: not starting {} (deploy it "
+                    "again to download what is damaged)",
+                    m->name, unit);
+        } else {
+          sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name,
+                    st->active_state, unit);
+          auto reset = co_await services_.units.reset_failed(unit);  // best effort: StartUnit reports the real problem
+          (void)reset;
+          if (auto s = co_await services_.units.start(unit); !s)
+            sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
+        }
       }
     }
   }
@@ -159,13 +172,7 @@ void Deployer::shutdown(std::function<void()> done) {
 }
 
 std::string Deployer::new_id(const std::string& model) const {
-  auto now = std::chrono::system_clock::now();
-  std::time_t tt = std::chrono::system_clock::to_time_t(now);
-  std::tm tm{};
-  ::gmtime_r(&tt, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
-  std::string base = fmt::format("{}-{}", stamp, model);
+  std::string base = fmt::format("{}-{}", util::compact_utc_stamp(std::chrono::system_clock::now()), model);
   std::string id = base;
   for (int n = 2; get(id); ++n) id = fmt::format("{}-{}", base, n);
   return id;
@@ -365,9 +372,12 @@ void Deployer::finish(Running& r, State state, std::optional<Error> error) {
   if (state == State::succeeded)
     sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves on port {}", d.id, d.model,
               d.commit->substr(0, 12), r.run->model.serve.port);
-  else
+  else {
+    if (d.error)
+      for (const auto& file : d.error->files) f.extra.emplace_back("MODELD_FILE", file);
     sys::logf(sys::Level::error, f, "deployment {} {} in phase {}: {}", d.id, to_string(state), to_string(d.phase),
               d.error ? d.error->message : "");
+  }
   history_.push_front(d);
   while (history_.size() > 200) history_.pop_back();
   emit("state", d);

@@ -64,6 +64,9 @@ struct PlanReport {
   std::uint64_t bytes_local = 0;      ///< bytes_total - bytes_to_fetch: present or linkable
   std::uint64_t bytes_linkable = 0;   ///< part of bytes_local: hard links from older verified revisions
   std::uint64_t bytes_partial = 0;    ///< of partial downloads already on disk (resumed, not fetched again)
+  std::optional<std::string> adopt_from;  ///< a folder made outside modeld at models_dir/NAME, when there is one
+  std::uint64_t files_adoptable = 0;  ///< files there with the listed size, not known to differ (hashed at deployment)
+  std::uint64_t bytes_adoptable = 0;  ///< part of bytes_local
   std::uint64_t bytes_needed = 0;     ///< bytes_to_fetch - bytes_partial: new disk space the download takes
   std::uint64_t bytes_free = 0;       ///< statvfs f_bavail of models_dir
   std::uint64_t disk_reserve = 0;

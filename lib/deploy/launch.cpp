@@ -68,6 +68,21 @@ boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::M
 boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run) {
   const auto unit = units::serve_unit(run.model.name);
   const auto& commit = *run.record.commit;
+  // Stopping the old model may have taken minutes: a stat per file proves that nothing touched
+  // the verified files meanwhile.
+  if (!s.store.manifest_still_matches(run.model.name, commit))
+    co_return make_error(Errc::checkpoint_incomplete,
+                         fmt::format("files of {} at {} changed after their verification; not launching",
+                                     run.model.name, commit.substr(0, 12)));
+  // A folder the files were adopted from is kept, out of the link's way: it may hold more than
+  // the checkpoint, and modeld deletes nothing it did not write.
+  auto aside = s.store.set_aside_foreign(run.model.name);
+  if (!aside) co_return aside.error();
+  if (*aside)
+    sys::logf(sys::Level::notice, run.fields(),
+              "moved {} (a folder made outside modeld) to {}; the files adopted from it stay in the revision as "
+              "hard links, delete it when it is no longer needed",
+              s.store.model_path(run.model.name).string(), (*aside)->string());
   if (auto r = s.store.switch_link(run.model.name, commit); !r) co_return r.error();
   if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();
   // A unit left failed by an earlier attempt would refuse to start again.

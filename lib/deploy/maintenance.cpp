@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <thread>
 
@@ -92,6 +93,41 @@ Result<VerifyReport> verify_blocking(store::Store& st, const std::string& name) 
 boost::asio::awaitable<Result<VerifyReport>> verify_on_disk(Services& s, const std::string& name) {
   // By reference only: GCC 12 mis-copies class objects captured by value in a coroutine.
   co_return co_await util::on_pool<Result<VerifyReport>>(s.disk_pool, [&] { return verify_blocking(s.store, name); });
+}
+
+boost::asio::awaitable<bool> files_still_trusted(Services& s, const std::string& name, const std::string& commit,
+                                                 const sys::Fields& fields, bool rehash) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool same = co_await util::on_pool<bool>(s.disk_pool, [&] { return s.store.manifest_still_matches(name, commit); });
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (same) {
+    sys::logf(sys::Level::info, fields, "files of model {} at {} unchanged since their verification ({:.1f} ms): trusted",
+              name, commit.substr(0, 12), ms);
+    co_return true;
+  }
+  if (!rehash) {
+    sys::logf(sys::Level::warning, fields,
+              "files of model {} at {} changed since their verification (or it has no manifest); run `modelctl "
+              "verify {}` to re-hash them",
+              name, commit.substr(0, 12), name);
+    co_return false;
+  }
+  sys::logf(sys::Level::warning, fields, "files of model {} at {} changed since their verification: re-hashing them",
+            name, commit.substr(0, 12));
+  auto report = co_await verify_on_disk(s, name);
+  if (!report) {
+    sys::logf(sys::Level::error, fields, "cannot re-verify model {}: {}", name, report.error().message);
+    co_return false;
+  }
+  for (const auto& p : report->problems) {
+    sys::Fields f = fields;
+    f.extra.emplace_back("MODELD_FILE", p.file);
+    if (!p.tensor.empty()) f.extra.emplace_back("MODELD_TENSOR", p.tensor);
+    sys::log(sys::Level::error, f, p.message);
+  }
+  if (report->ok())
+    sys::logf(sys::Level::notice, fields, "model {} re-hashed: {} files intact", name, report->files);
+  co_return report->ok();
 }
 
 boost::asio::awaitable<Result<Removal>> remove_from_disk(Services& s, const std::string& name) {

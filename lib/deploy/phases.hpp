@@ -49,7 +49,7 @@ struct Run {
   std::map<std::string, std::string> last_active;  ///< model -> RFC 3339, for eviction order
   std::optional<hub::Snapshot> snapshot; ///< after planning, with files filtered
   std::vector<hub::RepoFile> missing;    ///< files still to download, after planning
-  std::set<std::string> fetched;         ///< paths downloaded and hashed by this run
+  std::set<std::string> fetched;         ///< paths hashed by this run (downloaded, or adopted)
   std::function<void()> changed;         ///< persist the record and tell listeners
   std::function<void(const fetch::Progress&)> on_progress;  ///< from the download engine
 
@@ -94,6 +94,13 @@ boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const confi
 /// not_found when no verified revision of `name` is on disk; io_error (manifest unreadable or
 /// not writable).
 boost::asio::awaitable<Result<VerifyReport>> verify_on_disk(Services& s, const std::string& name);
+
+/// Fast re-verification of revision `commit` of model `name` (at daemon start): a stat per file
+/// against its manifest on the disk pool, logged with its time in ms under `fields`. When a file
+/// changed and `rehash` is set, every file is re-hashed (verify_on_disk) and each problem logged.
+/// Returns whether the files may be served: unchanged, or re-hashed clean.
+boost::asio::awaitable<bool> files_still_trusted(Services& s, const std::string& name, const std::string& commit,
+                                                 const sys::Fields& fields, bool rehash);
 
 /// `modelctl rm`: on the disk pool, Store::remove_model (store folders and link, never through
 /// a symlink out of models_dir). Errors as remove_model.

@@ -10,7 +10,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <set>
+#include <thread>
 
 namespace modeld::deploy {
 
@@ -56,12 +58,46 @@ boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const confi
     if (!absent.empty())
       co_return make_error(Errc::checkpoint_incomplete,
                            fmt::format("{} of {} at {} names shards the repository does not have: {}", index.path,
-                                       all.repo, all.commit, join(absent)));
+                                       all.repo, all.commit, join(absent)),
+                           std::vector<std::string>(absent.begin(), absent.end()));
     if (!filtered.empty())
       co_return make_error(Errc::plan_invalid,
                            fmt::format("model {}: include/exclude filter out shards that {} names: {} (set in {})",
-                                       model.name, index.path, join(filtered), model.source_file.string()));
+                                       model.name, index.path, join(filtered), model.source_file.string()),
+                           std::vector<std::string>(filtered.begin(), filtered.end()));
   }
+  co_return Result<void>{};
+}
+
+// Files still missing that a folder made outside modeld at models_dir/NAME holds (an
+// `hf download --local-dir`, a copy by hand) are hashed against the listing and hard-linked into
+// the revision; the rest stay missing and are downloaded. Hashing a large checkpoint takes
+// minutes, so the journal says first what is being hashed.
+boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run) {
+  const auto folder = s.store.foreign_folder(run.model.name);
+  if (!folder || run.missing.empty()) co_return Result<void>{};
+  const auto& commit = *run.record.commit;
+  auto scan = s.store.scan_adoption(run.model.name, commit, run.missing, *folder);
+  if (!scan) co_return scan.error();
+  sys::logf(sys::Level::info, run.fields(),
+            "{} is a folder made outside modeld{}: hashing {} of its files ({}) that have the listed size",
+            folder->string(), scan->hf_metadata ? " (by hf download)" : "", scan->candidates.size(),
+            util::format_bytes(scan->candidate_bytes));
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  auto adopted = co_await util::on_pool<Result<store::Adoption>>(
+      s.disk_pool, [&] { return s.store.adopt(run.model.name, commit, run.missing, *folder, cores); });
+  if (!adopted) co_return adopted.error();
+  for (const auto& r : adopted->rejected) {
+    sys::Fields f = run.fields();
+    f.extra.emplace_back("MODELD_FILE", r.path);
+    sys::logf(sys::Level::notice, f, "not adopted, to be downloaded: {}", r.reason);
+  }
+  std::set<std::string> taken(adopted->adopted.begin(), adopted->adopted.end());
+  std::erase_if(run.missing, [&](const hub::RepoFile& f) { return taken.contains(f.path); });
+  run.fetched.insert(taken.begin(), taken.end());
+  sys::logf(sys::Level::notice, run.fields(),
+            "adopted {} files ({}) from {} after hashing them (hard links, no copy); {} files left to download",
+            adopted->adopted.size(), util::format_bytes(adopted->adopted_bytes), folder->string(), run.missing.size());
   co_return Result<void>{};
 }
 
@@ -84,7 +120,8 @@ boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, co
     co_return make_error(Errc::plan_invalid,
                          fmt::format("model {}: include/exclude filter out files the checkpoint needs: {} "
                                      "(set in {})",
-                                     model.name, list, model.source_file.string()));
+                                     model.name, list, model.source_file.string()),
+                         std::move(dropped));
   }
   if (kept.files.empty())
     co_return make_error(Errc::plan_invalid, fmt::format("model {}: no file of {} at {} passes include/exclude",
@@ -117,6 +154,7 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
     auto missing = s.store.link_unchanged_and_list_missing(run.model.name, kept);
     if (!missing) co_return missing.error();
     run.missing = std::move(*missing);
+    if (auto r = co_await adopt_foreign_folder(s, run); !r) co_return r.error();
     std::uint64_t need = 0;
     for (const auto& f : run.missing) need += f.size;
     sys::logf(sys::Level::info, run.fields(), "{} at {} is commit {}: {} files, {}; {} files, {} to download",
@@ -146,6 +184,17 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
     if (!found) return found.error();
     missing = std::move(found->missing);
     p.bytes_linkable = found->linkable_bytes;
+    // A folder made outside modeld supplies what it holds with the listed size (hashed later).
+    if (auto folder = s.store.foreign_folder(model.name)) {
+      auto scan = s.store.scan_adoption(model.name, p.commit, missing, *folder);
+      if (!scan) return scan.error();
+      p.adopt_from = folder->string();
+      p.files_adoptable = scan->candidates.size();
+      p.bytes_adoptable = scan->candidate_bytes;
+      std::set<std::string> adoptable;
+      for (const auto& f : scan->candidates) adoptable.insert(f.path);
+      std::erase_if(missing, [&](const hub::RepoFile& f) { return adoptable.contains(f.path); });
+    }
   }
   p.files_to_fetch = missing.size();
   for (const auto& f : missing) p.bytes_to_fetch += f.size;

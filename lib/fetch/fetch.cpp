@@ -107,11 +107,6 @@ std::string describe_content(std::string_view prefix) {
   return "";
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
 const char* kind_name(verify::HashKind k) { return k == verify::HashKind::sha256 ? "sha256" : "git blob sha1"; }
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -189,7 +184,7 @@ struct FileState {
   FileState(const Options& o, const hub::RepoFile& f)
       : file(f),
         kind(f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1),
-        expected(lower(f.is_lfs() ? *f.lfs_sha256 : f.blob_id)),
+        expected(util::ascii_lower(f.is_lfs() ? *f.lfs_sha256 : f.blob_id)),
         part(o.dest_dir, Sidecar{o.commit, f.path, f.size, kind, expected}) {}
 
   enum class Stage { waiting, opening, open, finishing, done, failed };
@@ -483,12 +478,18 @@ awaitable<Result<void>> catch_up(RunState& s, FileState& f) {
   co_return co_await finish_if_complete(s, f);
 }
 
+// `e` marked as being about the file of `f` (for the journal's MODELD_FILE), unless it names files already.
+Error about_file(Error e, const FileState& f) {
+  if (e.files.empty() && e.code != Errc::cancelled) e.files.push_back(f.file.path);
+  return e;
+}
+
 // Starts a catch-up on its own coroutine when written bytes wait past the hashed prefix.
 void kick_catch_up(RunState& s, FileState& f) {
   if (f.hash_busy || s.stopping || f.written.contiguous_end(f.hashed) <= f.hashed) return;
   s.spawn([](RunState& s, FileState& f) -> awaitable<void> {
     auto r = co_await catch_up(s, f);
-    if (!r) s.fail(r.error());
+    if (!r) s.fail(about_file(r.error(), f));
   }(s, f));
 }
 
@@ -874,7 +875,7 @@ awaitable<void> worker(RunState& s) {
     if (r) r = co_await finish_if_complete(s, f);
     if (!r) {
       if (f.stage == FileState::Stage::open) f.stage = FileState::Stage::failed;
-      s.fail(r.error());
+      s.fail(about_file(r.error(), f));
       co_return;
     }
   }

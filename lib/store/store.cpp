@@ -168,7 +168,10 @@ std::vector<StoredModel> Store::list() const {
   for (fs::directory_iterator it(models_dir_, ec), end; !ec && it != end; it.increment(ec)) {
     auto n = it->path().filename().string();
     struct stat st {};
-    if (util::valid_model_name(n) && ::lstat(it->path().c_str(), &st) == 0 && S_ISLNK(st.st_mode)) found[n].name = n;
+    // Only links of ours: a symlink an operator put there (a folder to adopt) is not a model of
+    // the store, and eviction must never take it for one.
+    if (util::valid_model_name(n) && ::lstat(it->path().c_str(), &st) == 0 && S_ISLNK(st.st_mode) && linked_commit(n))
+      found[n].name = n;
   }
   std::vector<StoredModel> out;
   for (auto& [n, m] : found) {

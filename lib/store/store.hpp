@@ -70,6 +70,39 @@ struct MissingFiles {
   std::uint64_t linkable_bytes = 0;    ///< files another verified revision of the model holds unchanged
 };
 
+/// What `hf download --local-dir` recorded about one file it wrote, in
+/// LOCAL_DIR/.cache/huggingface/download/PATH.metadata (huggingface_hub's _local_folder.py):
+/// three lines, the commit, the ETag (the sha256 for LFS files, the git blob id otherwise) and
+/// the Unix time the record was written.
+struct HfDownloadRecord {
+  std::string commit;
+  std::string etag;
+  double timestamp = 0;  ///< seconds since the epoch
+};
+
+/// Reads the record of repository path `path` in the local folder `folder`; nullopt when there is
+/// none, it does not have that form, or the file was modified more than 1 s after the record was
+/// written (huggingface_hub's own rule: the record no longer describes the file).
+std::optional<HfDownloadRecord> read_hf_download_record(const std::filesystem::path& folder, const std::string& path);
+
+/// One listed file that an adoption folder will not supply, and why (a sentence naming it).
+struct NotAdopted {
+  std::string path;
+  std::string reason;
+};
+
+/// What a folder made outside modeld (an `hf download --local-dir` or a copy by hand at
+/// models_dir/NAME) can supply of a revision (Store::scan_adoption, Store::adopt).
+struct Adoption {
+  std::filesystem::path folder;          ///< where the files were found
+  bool hf_metadata = false;              ///< the folder has `hf download`'s .cache/huggingface/download/
+  std::vector<hub::RepoFile> candidates; ///< present with the listed size and not known to differ
+  std::uint64_t candidate_bytes = 0;
+  std::vector<NotAdopted> rejected;      ///< present but unusable: size, recorded ETag, digest, symlink, file system
+  std::vector<std::string> adopted;      ///< after adopt(): hashed, matched and hard-linked into the revision
+  std::uint64_t adopted_bytes = 0;
+};
+
 /// The store under one models_dir.
 class Store {
  public:
@@ -111,6 +144,31 @@ class Store {
   /// creates, links and rewrites nothing. bad_request for an invalid name or commit,
   /// plan_invalid for a listed path that escapes the model folder.
   Result<MissingFiles> plan_missing(const std::string& name, const hub::Snapshot& snapshot);
+
+  /// A copy of model `name` made outside modeld: models_dir/NAME when it is a directory, or a
+  /// symlink that switch_link did not write and that resolves to a directory; nullopt otherwise.
+  std::optional<std::filesystem::path> foreign_folder(const std::string& name) const;
+
+  /// Which of `files` (the listed files still missing from revision `commit`) the folder
+  /// `folder` can supply, without hashing anything: a regular file at the listed path, reached
+  /// through no symlink below `folder`, on the file system of models_dir (it is hard-linked, never
+  /// copied), with the listed size, and whose `hf download` record (if any) names the listed
+  /// digest. Reads only metadata; bad_request for invalid names.
+  Result<Adoption> scan_adoption(const std::string& name, const std::string& commit,
+                                 const std::vector<hub::RepoFile>& files, const std::filesystem::path& folder) const;
+
+  /// scan_adoption, then hashes the candidates (`parallel` files at once, sha256 for LFS files,
+  /// git blob sha1 otherwise) and hard-links each file whose digest matches the listing and that
+  /// did not change while it was hashed into revision `commit` at its path (temporary name, then
+  /// rename). Nothing in `folder` is modified. Files that differ are listed in `rejected` and left
+  /// to be downloaded. Errors: bad_request (names), io_error (creating folders in the revision).
+  Result<Adoption> adopt(const std::string& name, const std::string& commit, const std::vector<hub::RepoFile>& files,
+                         const std::filesystem::path& folder, unsigned parallel);
+
+  /// Moves a foreign folder or symlink at models_dir/NAME (see foreign_folder) out of the way of
+  /// switch_link, to models_dir/.adopted/NAME-YYYYMMDDTHHMMSSZ, which modeld never deletes; returns
+  /// the new path, or nullopt when models_dir/NAME is absent or already a link of ours. io_error.
+  Result<std::optional<std::filesystem::path>> set_aside_foreign(const std::string& name);
 
   /// Bytes of partial downloads already on disk for a revision.
   std::uint64_t partial_bytes(const std::string& name, const std::string& commit) const;

@@ -6,6 +6,7 @@
 #include <boost/system/result.hpp>
 
 #include <string>
+#include <vector>
 #include <string_view>
 #include <utility>
 
@@ -59,10 +60,16 @@ Errc errc_from_string(std::string_view name) noexcept;
 struct Error {
   Errc code = Errc::internal;
   std::string message;
+  std::vector<std::string> files;  ///< repository paths the error is about, for the journal's MODELD_FILE
 };
 
 /// Makes an Error; `message` should say what failed and where ("shard x.safetensors: ...").
-inline Error make_error(Errc code, std::string message) { return Error{code, std::move(message)}; }
+inline Error make_error(Errc code, std::string message) { return Error{code, std::move(message), {}}; }
+
+/// Makes an Error about the repository paths `files` (they also go to the journal as MODELD_FILE).
+inline Error make_error(Errc code, std::string message, std::vector<std::string> files) {
+  return Error{code, std::move(message), std::move(files)};
+}
 
 /// The value-or-error type returned by every operation whose failure is an expected outcome.
 template <class T>

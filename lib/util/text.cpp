@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <ctime>
 #include <fnmatch.h>
 
@@ -34,13 +35,30 @@ bool passes_filters(std::string_view path, const std::vector<std::string>& inclu
   return true;
 }
 
-std::string rfc3339(std::chrono::system_clock::time_point t) {
+namespace {
+std::string utc_format(std::chrono::system_clock::time_point t, const char* format) {
   std::time_t tt = std::chrono::system_clock::to_time_t(t);
   std::tm tm{};
   ::gmtime_r(&tt, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
+}
+}  // namespace
+
+std::string rfc3339(std::chrono::system_clock::time_point t) { return utc_format(t, "%Y-%m-%dT%H:%M:%SZ"); }
+
+std::string compact_utc_stamp(std::chrono::system_clock::time_point t) { return utc_format(t, "%Y%m%dT%H%M%SZ"); }
+
+std::string ascii_lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
 }
 
 std::chrono::system_clock::time_point parse_rfc3339(std::string_view s) {

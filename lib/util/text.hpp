@@ -10,6 +10,15 @@
 
 namespace modeld::util {
 
+/// `s` with ASCII letters lower-cased (hex digests compare case-insensitively).
+std::string ascii_lower(std::string s);
+
+/// `s` without leading and trailing white space (isspace in the C locale).
+std::string_view trim(std::string_view s);
+
+/// `t` as a compact UTC stamp, "YYYYMMDDTHHMMSSZ" (whole seconds), for ids and folder names.
+std::string compact_utc_stamp(std::chrono::system_clock::time_point t);
+
 /// Lower-case hex of `bytes` (two characters per byte).
 std::string to_hex(std::span<const unsigned char> bytes);
 

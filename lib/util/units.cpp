@@ -1,5 +1,7 @@
 #include "util/units.hpp"
 
+#include "util/text.hpp"
+
 #include <fmt/format.h>
 
 #include <cctype>
@@ -9,12 +11,6 @@
 
 namespace modeld::util {
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
 
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;

@@ -79,6 +79,12 @@ std::string json_error_text(const std::exception& e) {
 
 namespace {
 
+// A byte for a message: quoted when printable, else in hex.
+std::string describe_byte(unsigned char c) {
+  if (c >= 0x20 && c < 0x7f) return fmt::format("'{}'", static_cast<char>(c));
+  return fmt::format("byte 0x{:02x}", c);
+}
+
 struct Fd {
   int fd = -1;
   ~Fd() {
@@ -167,8 +173,14 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
   std::string text(static_cast<std::size_t>(n), '\0');
   if (n > 0 && !read_exactly(f.fd, text.data(), text.size(), 8))
     return make_error(Errc::io_error, fmt::format("{}: read: {}", file, errno ? std::strerror(errno) : "file shrank"));
-  if (text.empty() || text.front() != '{')
-    return invalid(file, {}, "header does not start with '{'", bad_tensor);
+  // The reference reader refuses a header that does not open with '{' before parsing it; saying
+  // what it opens with tells an array ('[') from binary junk or a zero length.
+  if (text.empty()) return invalid(file, {}, "header is empty: length 0, not a JSON object", bad_tensor);
+  if (text.front() != '{')
+    return invalid(file, {},
+                   fmt::format("header is not a JSON object: it starts with {} instead of '{{'",
+                               describe_byte(static_cast<unsigned char>(text.front()))),
+                   bad_tensor);
 
   nlohmann::json j;
   try {
@@ -215,11 +227,19 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
                      bad_tensor);
     covered = info->end;
   }
-  if (covered != h.data_size)
+  // The file size must be exactly 8 + N + the bytes the tensors cover: more is trailing data no
+  // reader maps (often a sign of two files concatenated), less means tensors run past the end.
+  if (covered < h.data_size)
     return invalid(file, {},
-                   fmt::format("tensors cover {} bytes of data but the file holds {} after the header "
-                               "(8 + {} + {} != {} bytes)",
-                               covered, h.data_size, n, covered, file_size),
+                   fmt::format("{} trailing bytes after the last tensor: the tensors cover {} bytes of data but "
+                               "the file holds {} after the header (8 + {} + {} != {} bytes)",
+                               h.data_size - covered, covered, h.data_size, n, covered, file_size),
+                   bad_tensor);
+  if (covered > h.data_size)
+    return invalid(file, {},
+                   fmt::format("the file ends {} bytes early: the tensors cover {} bytes of data but the file holds "
+                               "only {} after the header (8 + {} + {} != {} bytes)",
+                               covered - h.data_size, covered, h.data_size, n, covered, file_size),
                    bad_tensor);
   return h;
 }

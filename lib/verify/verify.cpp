@@ -57,11 +57,6 @@ Problem problem(Errc code, std::string file, std::string tensor, std::string mes
 constexpr std::size_t kMaxIndexBytes = 256u << 20;
 constexpr std::size_t kMaxConfigBytes = 16u << 20;
 
-std::string to_lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 // Tokenizer files a server needs when the repository has them; only at the repository root,
 // since copies under e.g. original/ belong to another format of the same model.
 bool is_tokenizer_file(std::string_view path) {
@@ -225,7 +220,7 @@ Report check_hashes(const std::filesystem::path& dir, const std::vector<hub::Rep
         continue;
       }
       const bool lfs = f.is_lfs();
-      const std::string expected = to_lower(lfs ? *f.lfs_sha256 : f.blob_id);
+      const std::string expected = util::ascii_lower(lfs ? *f.lfs_sha256 : f.blob_id);
       int err = 0;
       std::string got = hash_file(p.string(), lfs ? HashKind::sha256 : HashKind::git_sha1, f.size, err);
       if (err != 0) {

@@ -7,9 +7,9 @@ repository, so the tests share one hub, one systemd and one modeld."""
 
 from __future__ import annotations
 
-import email.utils
 import filecmp
 import json
+import math
 import os
 import random
 import time
@@ -177,19 +177,18 @@ def test_a_429_with_retry_after_seconds_waits_that_long(env):
 
 
 def test_a_429_with_retry_after_as_an_http_date_waits_until_that_date(env):
-    # A date 9-10 s ahead (HTTP-dates have whole seconds). The first failures must come at least
-    # 2 s before it, so the wait is the date's and not a backoff (1 s + 25 % jitter); a slow CI
-    # host may take several seconds to reconfigure the hub and start the deployment.
-    not_before = float(int(time.time()) + 10)
-    date = email.utils.formatdate(not_before, usegmt=True)
+    # The hub sends the HTTP-date of its next whole second plus 3 s, so each date lies 3-4 s after
+    # its failure: longer than the first backoff (1 s, jitter at most +25 %), so only waiting for
+    # the date explains a gap of 3 s, however slowly the host reached the first request.
     dep, _ = deploy_under(env, "s429date", fail_first=1, fail_glob="acme/s429date/*.safetensors",
-                          fail_status=429, retry_after=date)
+                          fail_status=429, retry_after="date+3")
     assert dep["state"] == "succeeded"
     for s in shards(env, "s429date"):
         reqs = downloads(env, "s429date", s)
         assert len(reqs) == 2, reqs
-        assert reqs[0]["time"] < not_before - 2, "the first failure came too late to tell"
-        assert reqs[1]["time"] >= not_before - 0.05, (reqs[1]["time"], not_before)
+        date = math.floor(reqs[0]["time"]) + 1 + 3
+        assert reqs[1]["time"] >= date - 0.05, (reqs[0]["time"], reqs[1]["time"], date)
+    assert_served_files_match(env, "s429date")
 
 
 def test_a_hub_that_never_recovers_fails_within_the_retry_budget(env):

@@ -160,6 +160,53 @@ def test_verify_finds_a_deleted_shard_and_names_it(env):
     assert env.modelctl("verify", "model-a").returncode == 0
 
 
+def restart_modeld(env: ModeldEnv) -> int:
+    """Restarts modeld and waits for its socket; returns how many modeld journal lines came before."""
+    seen = len(env.journal("SYSLOG_IDENTIFIER=modeld"))
+    env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+    wait_for("modeld after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
+    return seen
+
+
+def journal_line(env: ModeldEnv, since: int, *words: str) -> dict:
+    """Waits for a modeld journal line after the first `since` that holds every one of `words`."""
+    def find():
+        for e in env.journal("SYSLOG_IDENTIFIER=modeld")[since:]:
+            if all(w in e.get("MESSAGE", "") for w in words):
+                return e
+        return None
+    return wait_for(f"a journal line with {words}", find, timeout=60)
+
+
+def test_a_daemon_start_trusts_unchanged_files_and_rehashes_changed_ones_before_starting_the_model(env):
+    active = env.status()["active"]
+    name, unit = active["model"], active["unit"]
+    # Unchanged: a stat per file, timed in the journal.
+    journal_line(env, restart_modeld(env), "unchanged since their verification", " ms)")
+
+    # A byte changed while the model was down (say, a bad disk before a reboot): re-hashed, found,
+    # named, and the model is not started on it.
+    path = sorted((env.models_dir / name).glob("*.safetensors"))[0]
+    original = path.read_bytes()
+    env.systemd.run(["systemctl", "stop", unit], check=True)
+    with open(path, "r+b") as f:
+        f.seek(len(original) // 3)
+        f.write(bytes([original[len(original) // 3] ^ 0xFF]))
+    try:
+        since = restart_modeld(env)
+        refused = journal_line(env, since, "not starting", unit)
+        named = journal_line(env, since, path.name, "sha256")
+        assert named.get("MODELD_FILE") == path.name, named
+        assert refused["PRIORITY"] == "3"
+        assert env.unit_state(unit) in ("inactive", "failed")
+    finally:
+        path.write_bytes(original)
+    # Repaired: the re-hash passes, the model starts, and the next start trusts it again.
+    journal_line(env, restart_modeld(env), "files intact")
+    wait_for(f"{unit} active", lambda: env.unit_state(unit) == "active", timeout=60)
+    journal_line(env, restart_modeld(env), "unchanged since their verification")
+
+
 def test_rm_refuses_the_active_model(env):
     r = env.modelctl("rm", "model-b")
     assert r.returncode == 1, r.stdout + r.stderr

@@ -2,6 +2,7 @@
 #include "verify/verify.hpp"
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 using namespace modeld;
 using namespace modeld::test;
@@ -85,6 +86,16 @@ TEST_CASE("a header that does not start with a brace or is not an object is inva
   CHECK_FALSE(read_bytes(safetensors_raw("[1]", 0)).has_value());
 }
 
+TEST_CASE("a header that is a JSON array is reported as not an object, with what it starts with") {
+  auto r = read_bytes(safetensors_raw(R"(["w"])", 0));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::safetensors_invalid);
+  CHECK(message_of(r) == "model.safetensors: header is not a JSON object: it starts with '[' instead of '{'");
+  auto binary = read_bytes(safetensors_raw(std::string("\x01{}", 3), 0));
+  CHECK_THAT(message_of(binary), Catch::Contains("byte 0x01"));
+  CHECK_THAT(message_of(read_bytes(safetensors_raw("", 0))), Catch::Contains("header is empty"));
+}
+
 TEST_CASE("a byte count that does not match shape and dtype names the tensor") {
   auto h = safetensors_header({{"a", "F32", {2, 2}}, {"b", "BF16", {3}}});
   h["b"]["shape"] = {4};  // 8 bytes needed, 6 present
@@ -122,6 +133,18 @@ TEST_CASE("a data buffer longer or shorter than the tensors is safetensors_inval
   auto shorter = read_bytes(safetensors_raw(h.dump(), bytes - 1));
   REQUIRE_FALSE(shorter.has_value());
   CHECK(shorter.error().code == Errc::safetensors_invalid);
+}
+
+TEST_CASE("trailing bytes and a buffer cut short say how many bytes and the size arithmetic") {
+  std::uint64_t bytes = 0;
+  auto h = safetensors_header({{"a", "F32", {2}}, {"b", "BF16", {4}}}, &bytes);  // 16 bytes of data
+  auto text = h.dump();
+  auto longer = read_bytes(safetensors_raw(text, bytes + 24));
+  CHECK_THAT(message_of(longer), Catch::Contains("24 trailing bytes after the last tensor"));
+  CHECK_THAT(message_of(longer), Catch::Contains(fmt::format("(8 + {} + 16 != {} bytes)", text.size(),
+                                                             8 + text.size() + 40)));
+  auto shorter = read_bytes(safetensors_raw(text, bytes - 3));
+  CHECK_THAT(message_of(shorter), Catch::Contains("ends 3 bytes early"));
 }
 
 TEST_CASE("an unknown dtype names the tensor and the dtype") {
