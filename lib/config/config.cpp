@@ -110,7 +110,7 @@ constexpr std::string_view kMetricsKeys[] = {"listen"};
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
 constexpr std::string_view kServeKeys[] = {
-    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout"};
+    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_memory"};
 constexpr std::string_view kHealthKeys[] = {
     "path", "models_path", "completion", "api_key_file", "stall_timeout", "watch_interval",
     "watch_failures"};
@@ -520,6 +520,8 @@ class Checker {
     }
     read_duration(t, "startup_timeout", prefix + ".startup_timeout", out.startup_timeout);
     read_duration(t, "stop_timeout", prefix + ".stop_timeout", out.stop_timeout);
+    read_int(t, "gpus", prefix + ".gpus", out.gpus, 0, 1024);
+    read_size(t, "gpu_memory", prefix + ".gpu_memory", out.gpu_memory);
   }
 
   void check_health(const toml::table& t, const std::string& prefix, const std::string& header, HealthConfig& out) {

@@ -53,6 +53,8 @@ struct ServeConfig {
   std::map<std::string, std::string> environment;  ///< written into the drop-in: no secrets
   milliseconds startup_timeout = std::chrono::minutes(60);
   milliseconds stop_timeout = std::chrono::minutes(5);
+  unsigned gpus = 0;               ///< GPUs the server takes (the first N NVML lists); 0: no GPU check
+  std::uint64_t gpu_memory = 0;    ///< bytes that must be free on each of them before launch; 0: any
 };
 
 /// [models.NAME.health]: readiness and post-deploy probes.

@@ -141,7 +141,8 @@ asio::awaitable<void> Deployer::recover() {
     if (unfinished->phase == Phase::rolling_back) first = Phase::rolling_back;
     // Stopping is idempotent ("nothing to stop" once inactive), and a stop cut short by the
     // restart must finish before the new server may take the port and the GPUs.
-    else if (unfinished->old_stopped) first = Phase::stopping_old;
+    // (With stopping_old first, planning comes before it and re-reads what the later phases need.)
+    else if (unfinished->old_stopped && !unfinished->downtime_first) first = Phase::stopping_old;
     sys::Fields f;
     f.deployment = unfinished->id;
     f.model = unfinished->model;
@@ -269,14 +270,22 @@ asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
 asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) {
   Running& r = *rp;
   auto& d = r.record;
-  static constexpr Phase order[] = {Phase::planning,     Phase::freeing_disk, Phase::downloading,
-                                    Phase::verifying,    Phase::stopping_old, Phase::launching,
-                                    Phase::health_checking, Phase::benchmarking};
+  // Planning may put stopping_old first (allow_downtime with a plan that evicts the active
+  // model); both orders start with planning, so the order is re-read after it.
+  auto order_of = [](bool downtime_first) -> std::vector<Phase> {
+    if (downtime_first)
+      return {Phase::planning,  Phase::stopping_old, Phase::freeing_disk,    Phase::downloading,
+              Phase::verifying, Phase::launching,    Phase::health_checking, Phase::benchmarking};
+    return {Phase::planning,     Phase::freeing_disk, Phase::downloading,     Phase::verifying,
+            Phase::stopping_old, Phase::launching,    Phase::health_checking, Phase::benchmarking};
+  };
+  std::vector<Phase> order = order_of(d.downtime_first);
   std::optional<Error> failure;
   bool rolling_back = first == Phase::rolling_back;
   if (!rolling_back) {
     bool started = false;
-    for (Phase p : order) {
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const Phase p = order[i];
       if (p == first) started = true;
       if (!started) continue;
       if (d.cancel_requested) {
@@ -284,9 +293,6 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         break;
       }
       d.phase = p;
-      // From the moment StopUnit may have been sent, the old model may be down: any failure or
-      // cancel from here on must bring it back, so this is recorded before the phase runs.
-      if (p == Phase::stopping_old && d.previous_model) d.old_stopped = true;
       persist(d);
       emit("phase", d);
       announce_status();
@@ -303,6 +309,16 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
       if (!res) {
         failure = d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
         break;
+      }
+      if (p == Phase::planning) order = order_of(d.downtime_first);
+      if (p == Phase::freeing_disk && state_.active && !services_.store.linked_commit(state_.active->model)) {
+        // allow_downtime evicted the model that served: nothing serves it any more.
+        sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: no model is active until {} serves",
+                  state_.active->model, d.model);
+        state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
+        state_.active.reset();
+        if (auto s = states_.save(state_); !s)
+          sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
       }
       if (p == Phase::health_checking) {
         // The new model serves: record it before the optional benchmark.
@@ -325,6 +341,15 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
                                                                        state_.active->commit == d.commit);
     if (!need_rollback) {
       finish(r, failure->code == Errc::cancelled ? State::cancelled : State::failed, failure);
+      co_return;
+    }
+    if (d.previous_commit && services_.store.linked_commit(*d.previous_model) != d.previous_commit) {
+      // allow_downtime evicted it: there is nothing to bring back.
+      finish(r, State::failed,
+             make_error(Errc::rollback_failed,
+                        fmt::format("{}; model {} was evicted to make room (allow_downtime) and cannot be restored: "
+                                    "no model serves",
+                                    failure->message, *d.previous_model)));
       co_return;
     }
     sys::Fields f = r.run->fields();

@@ -102,6 +102,7 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["previous_model"] = opt(d.previous_model);
     j["previous_commit"] = opt(d.previous_commit);
     j["old_stopped"] = d.old_stopped;
+    j["downtime_first"] = d.downtime_first;
     j["cancel_requested"] = d.cancel_requested;
   }
   return j;
@@ -140,6 +141,7 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     if (j.contains("previous_commit") && !j["previous_commit"].is_null())
       d.previous_commit = j["previous_commit"].get<std::string>();
     d.old_stopped = j.value("old_stopped", false);
+    d.downtime_first = j.value("downtime_first", false);
     d.cancel_requested = j.value("cancel_requested", false);
     return d;
   } catch (const nlohmann::json::exception& e) {

@@ -69,6 +69,9 @@ struct Deployment {
   std::optional<std::string> previous_model;   ///< the model that served when it started
   std::optional<std::string> previous_commit;
   bool old_stopped = false;                    ///< stopping_old began: a failure or cancel now rolls back
+  /// allow_downtime and the disk plan must evict the active model: stopping_old runs right after
+  /// planning, before freeing_disk (interface.md "Deployment phases and states").
+  bool downtime_first = false;
   bool cancel_requested = false;
 
   bool ended() const { return state != State::running; }

@@ -68,8 +68,8 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   }
   std::optional<std::string> active;
   if (run.previous) active = run.previous->model;
-  // The active model is never evicted here: stopping_old runs after this phase.
-  auto planned = plan_freeing_disk(s, need, run.model.name, active, run.last_active, false);
+  // The active model is evicted only when planning put stopping_old first (allow_downtime).
+  auto planned = plan_freeing_disk(s, need, run.model.name, active, run.last_active, run.record.downtime_first);
   if (!planned) co_return planned.error();
   const auto& plan = *planned;
   const std::uint64_t* free = &plan.bytes_free;

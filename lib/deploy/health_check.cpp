@@ -6,6 +6,11 @@
 #include "util/files.hpp"
 #include "util/units.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
 namespace modeld::deploy {
 
 Result<void> read_api_key(const config::ModelConfig& model, std::optional<std::string>& key) {
@@ -18,6 +23,9 @@ Result<void> read_api_key(const config::ModelConfig& model, std::optional<std::s
 }
 
 namespace {
+// The longest gap between two "loading" lines in modeld's journal while a server loads.
+constexpr std::chrono::milliseconds kProgressEvery = std::chrono::seconds(30);
+
 Result<health::Target> target_of(const config::ModelConfig& m) {
   health::Target t;
   t.port = m.serve.port;
@@ -32,6 +40,7 @@ Result<health::Target> target_of(const config::ModelConfig& m) {
 std::string_view step_name(health::Step s) {
   switch (s) {
     case health::Step::unit_active: return "unit_active";
+    case health::Step::port: return "port";
     case health::Step::health: return "health";
     case health::Step::models: return "models";
     case health::Step::completion: return "completion";
@@ -45,19 +54,42 @@ boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config:
   auto target = target_of(m);
   if (!target) co_return target.error();
   const auto unit = units::serve_unit(m.name);
-  sys::logf(sys::Level::info, fields, "waiting up to {} for {} to be ready on port {}",
+  sys::logf(sys::Level::info, fields, "waiting up to {} for {} to be ready on port {} (hung after {} without output)",
             util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(m.serve.startup_timeout)), unit,
-            m.serve.port);
+            m.serve.port, util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(m.health.stall_timeout)));
   const auto t0 = std::chrono::steady_clock::now();
-  co_return co_await health::wait_ready(
-      s.local_client, s.units, unit, *target, m.serve.startup_timeout,
-      [&](health::Step step, const std::string& detail) {
-        auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
-        sys::Fields f = fields;
-        f.extra.emplace_back("MODELD_READINESS_STEP", std::string(step_name(step)));
-        sys::logf(sys::Level::info, f, "{} ({} after the start)", detail.empty() ? std::string(step_name(step)) : detail,
-                  util::format_duration(secs));
-      });
+  health::ReadyOptions options;
+  options.timeout = m.serve.startup_timeout;
+  options.stall_timeout = m.health.stall_timeout;
+  // Progress at most every 30 s, and at least twice within stall_timeout, so an operator sees
+  // what the server said before it could be called hung.
+  options.progress_every =
+      m.health.stall_timeout.count() > 0
+          ? std::max<std::chrono::milliseconds>(std::chrono::seconds(1),
+                                                std::min<std::chrono::milliseconds>(kProgressEvery, m.health.stall_timeout / 2))
+          : kProgressEvery;
+  // The unit's own journal lines of its current run; the time bound only matters when systemd
+  // reports no invocation ID, and reaches back over the launch just before.
+  options.output = health::journal_output(s.disk_pool, unit, std::chrono::system_clock::now() - std::chrono::seconds(5));
+  options.on_step = [&](health::Step step, const std::string& detail) {
+    auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
+    sys::Fields f = fields;
+    f.extra.emplace_back("MODELD_READINESS_STEP", std::string(step_name(step)));
+    sys::logf(sys::Level::info, f, "{} ({} after the start)", detail.empty() ? std::string(step_name(step)) : detail,
+              util::format_duration(secs));
+  };
+  options.on_progress = [&](const health::Progress& p) {
+    sys::Fields f = fields;
+    f.extra.emplace_back("MODELD_READINESS_STEP", "loading");
+    auto silent = std::chrono::duration_cast<std::chrono::seconds>(p.silent).count();
+    sys::logf(sys::Level::info, f, "loading: {} s, last server line: '{}'{}; not ready yet: {}",
+              std::chrono::duration_cast<std::chrono::seconds>(p.waited).count(), p.last_line,
+              silent >= 2 ? fmt::format(" (nothing new for {} s)", silent) : std::string(), p.last_answer);
+  };
+  options.on_output_unreadable = [&](const std::string& why) {
+    sys::logf(sys::Level::warning, fields, "{}; treating {} as loading while it is alive, ignoring", why, unit);
+  };
+  co_return co_await health::wait_ready(s.local_client, s.units, unit, *target, options);
 }
 
 boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run) {

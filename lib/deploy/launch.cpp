@@ -1,6 +1,7 @@
 // launching: switch the model's folder to the new revision, write its drop-in, start its unit.
 #include "deploy/phases.hpp"
 
+#include "deploy/gpu_watch.hpp"
 #include "store/store.hpp"
 #include "units/service_manager.hpp"
 #include "util/units.hpp"
@@ -74,6 +75,7 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run) {
     co_return make_error(Errc::checkpoint_incomplete,
                          fmt::format("files of {} at {} changed after their verification; not launching",
                                      run.model.name, commit.substr(0, 12)));
+  if (auto r = co_await check_gpus_for_launch(s, run); !r) co_return r.error();
   // A folder the files were adopted from is kept, out of the link's way: it may hold more than
   // the checkpoint, and modeld deletes nothing it did not write.
   auto aside = s.store.set_aside_foreign(run.model.name);

@@ -161,6 +161,29 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
               run.model.repo, revision, snap->commit, kept.files.size(), util::format_bytes(total),
               run.missing.size(), util::format_bytes(need));
   }
+  if (rec.allow_downtime && run.previous && !rec.downtime_first) {
+    // Only when the download cannot fit otherwise does the active model go, and then it must be
+    // stopped before freeing_disk deletes its files.
+    std::uint64_t need = 0;
+    for (const auto& f : run.missing) need += f.size;
+    const std::uint64_t partial = s.store.partial_bytes(run.model.name, snap->commit);
+    need = need > partial ? need - partial : 0;
+    auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false);
+    if (!without) co_return without.error();
+    if (!without->fits) {
+      auto with = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, true);
+      if (!with) co_return with.error();
+      const bool evicts_active = std::any_of(with->evict.begin(), with->evict.end(),
+                                             [&](const auto& c) { return c.name == run.previous->model; });
+      if (with->fits && evicts_active) {
+        rec.downtime_first = true;
+        sys::logf(sys::Level::warning, run.fields(),
+                  "{} more are needed and only evicting the active model {} makes room: allow_downtime is set, so "
+                  "{} is stopped before freeing_disk and no rollback will be possible",
+                  util::format_bytes(need), run.previous->model, run.previous->model);
+      }
+    }
+  }
   rec.progress.bytes_total = 0;
   rec.progress.files_total = static_cast<unsigned>(run.missing.size());
   for (const auto& f : run.missing) rec.progress.bytes_total += f.size;

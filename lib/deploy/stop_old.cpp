@@ -1,35 +1,174 @@
-// stopping_old: stop the model that serves now and wait until its unit is inactive.
+// stopping_old: stop the model that serves now and wait until nothing of it is left: the unit
+// inactive, its control group empty, its port and the new model's port no longer listened on.
+// A leftover at the deadline fails the phase naming it, so the new server never starts on top.
 #include "deploy/phases.hpp"
 
+#include "deploy/gpu_watch.hpp"
+#include "deploy/leftovers.hpp"
 #include "units/service_manager.hpp"
 #include "util/units.hpp"
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
 namespace modeld::deploy {
+
+namespace asio = boost::asio;
 
 std::chrono::milliseconds stop_wait(std::chrono::milliseconds stop_timeout) {
   return stop_timeout + std::chrono::seconds(15);
 }
 
+namespace {
+
+// What is still there of a stopped service; empty() when nothing is.
+struct Leftovers {
+  std::vector<ProcessRef> in_cgroup;
+  std::vector<std::pair<std::uint16_t, PortUse>> ports;
+  bool empty() const { return in_cgroup.empty() && ports.empty(); }
+  std::string describe(const std::string& unit) const {
+    std::string out;
+    if (!in_cgroup.empty())
+      out += fmt::format("{} still in the control group of {}", describe_processes(in_cgroup), unit);
+    for (const auto& [port, use] : ports)
+      out += fmt::format("{}port {} still listened on by {}", out.empty() ? "" : "; ", port,
+                         use.holders.empty() ? "a process modeld cannot see" : describe_processes(use.holders));
+    return out;
+  }
+};
+
+asio::awaitable<Result<std::set<std::uint32_t>>> pids_of(Services& s, const std::string& unit) {
+  auto pids = co_await s.units.pids(unit);
+  if (!pids) co_return pids.error();
+  co_return std::set<std::uint32_t>(pids->begin(), pids->end());
+}
+
+// Listeners of `port` other than the processes in `ours`; nullopt when there are none. A
+// listener whose holder modeld cannot see (another PID namespace) counts unless it `may_be_ours`.
+std::optional<PortUse> other_listeners(std::uint16_t port, const std::set<std::uint32_t>& ours, bool may_be_ours) {
+  auto use = port_use(port);
+  if (!use.listening) return std::nullopt;
+  if (use.holders.empty()) return may_be_ours ? std::nullopt : std::optional<PortUse>(use);
+  std::erase_if(use.holders, [&](const ProcessRef& p) { return ours.contains(p.pid); });
+  if (use.holders.empty()) return std::nullopt;
+  return use;
+}
+
+// What is left of the stopped `unit`: processes in its control group, and listeners of `ports`
+// other than the new model's own service (running already when a restarted daemon continues).
+asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::string& unit, const std::string& new_unit,
+                                                  const std::set<std::uint16_t>& ports) {
+  Leftovers out;
+  auto pids = co_await pids_of(s, unit);
+  if (!pids) co_return pids.error();
+  for (auto pid : *pids) out.in_cgroup.push_back({pid, process_name(pid)});
+  std::set<std::uint32_t> ours;
+  if (new_unit != unit) {
+    auto n = co_await pids_of(s, new_unit);
+    if (!n) co_return n.error();
+    ours = std::move(*n);
+  }
+  for (auto port : ports)
+    if (auto use = other_listeners(port, ours, !ours.empty())) out.ports.emplace_back(port, std::move(*use));
+  co_return out;
+}
+
+// The new model's port held by a process that is neither the old model's service nor the new
+// model's own: stopping the old model would not free it, so the host would lose its model for
+// nothing.
+asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, Run& run, const std::string& old_unit,
+                                                         std::uint16_t old_port) {
+  const auto port = run.model.serve.port;
+  auto ours = co_await pids_of(s, units::serve_unit(run.model.name));
+  if (!ours) co_return ours.error();
+  // A holder modeld cannot see may be the new model's own service, or the old one serving there.
+  bool may_be_ours = !ours->empty();
+  if (!old_unit.empty()) {
+    auto old = co_await pids_of(s, old_unit);
+    if (!old) co_return old.error();
+    may_be_ours = may_be_ours || (!old->empty() && old_port == port);
+    ours->insert(old->begin(), old->end());
+  }
+  const auto others = other_listeners(port, *ours, may_be_ours);
+  if (!others) co_return Result<void>{};
+  co_return make_error(
+      Errc::unit_failed,
+      fmt::format("port {} that model {} is to serve on is held by {}, which is not a model service of modeld: {}",
+                  port, run.model.name,
+                  others->holders.empty() ? "a process modeld cannot see" : describe_processes(others->holders),
+                  old_unit.empty() ? "stop it or change serve.port" : "not stopping the model that serves"));
+}
+
+}  // namespace
+
 boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
   if (!run.previous) {
+    if (auto r = co_await refuse_foreign_port_holder(s, run, "", 0); !r) co_return r.error();
     sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model is active");
-    co_return Result<void>{};
+    co_return co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false);
   }
   const auto unit = units::serve_unit(run.previous->model);
   const auto* old_cfg = s.config->find_model(run.previous->model);
   const auto timeout = old_cfg ? old_cfg->serve.stop_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
+  const std::uint16_t old_port = old_cfg ? old_cfg->serve.port : 0;
+  if (auto r = co_await refuse_foreign_port_holder(s, run, unit, old_port); !r) co_return r.error();
+  // From the moment StopUnit may be sent, the old model may be down: any failure or cancel from
+  // here on must bring it back, so this is recorded durably before the stop.
+  run.record.old_stopped = true;
+  if (run.changed) run.changed();
 
+  std::set<std::uint16_t> ports{run.model.serve.port};
+  if (old_port) ports.insert(old_port);
+  const auto t0 = std::chrono::steady_clock::now();
   auto st = co_await s.units.status(unit);
   if (st && (st->active_state == "inactive" || st->active_state == "failed")) {
     sys::logf(sys::Level::info, run.fields(), "nothing to stop: {} is already {}", unit, st->active_state);
-    co_return Result<void>{};
+  } else {
+    sys::logf(sys::Level::info, run.fields(), "stopping {} (model {}), waiting up to {}", unit, run.previous->model,
+              util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(timeout)));
+    if (auto r = co_await s.units.stop(unit); !r) co_return r.error();
+    if (auto r = co_await units::wait_inactive(s.units, unit, stop_wait(timeout)); !r) co_return r.error();
   }
-  sys::logf(sys::Level::info, run.fields(), "stopping {} (model {}), waiting up to {}", unit, run.previous->model,
-            util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(timeout)));
-  if (auto r = co_await s.units.stop(unit); !r) co_return r.error();
-  if (auto r = co_await units::wait_inactive(s.units, unit, stop_wait(timeout)); !r) co_return r.error();
-  sys::logf(sys::Level::info, run.fields(), "{} stopped", unit);
-  co_return Result<void>{};
+
+  // systemd calls the unit inactive once its main process and control group are gone, but a
+  // process that left the cgroup, or a port released late, must not meet the new server.
+  const auto deadline = t0 + stop_wait(timeout);
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  auto last_note = std::chrono::steady_clock::now();
+  for (;;) {
+    auto left = co_await find_leftovers(s, unit, units::serve_unit(run.model.name), ports);
+    if (!left) co_return left.error();
+    if (left->empty()) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline)
+      co_return make_error(Errc::stop_timeout,
+                           fmt::format("{} is stopped but {} after {}: not starting model {} on top of it", unit,
+                                       left->describe(unit),
+                                       util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(now - t0)),
+                                       run.model.name));
+    if (now - last_note >= std::chrono::seconds(10)) {
+      sys::logf(sys::Level::notice, run.fields(), "waiting for what {} left: {}", unit, left->describe(unit));
+      last_note = now;
+    }
+    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
+      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+    timer.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(200), deadline - now));
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::operation_aborted)
+      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+  }
+  sys::logf(sys::Level::info, run.fields(), "{} stopped: its control group is empty and port{} {} free", unit,
+            ports.size() > 1 ? "s" : "", fmt::join(ports, ", "));
+  // Workers that outlive their parent keep GPU memory until they exit (gpu-facts.md).
+  co_return co_await wait_gpu_memory_back(s, run, deadline, true);
 }
 
 }  // namespace modeld::deploy

@@ -1,5 +1,12 @@
 #include "health/health.hpp"
 #include "util/json.hpp"
+#include "util/on_pool.hpp"
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -11,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
+#include <memory>
 
 namespace modeld::health {
 
@@ -26,6 +35,7 @@ constexpr std::size_t kMaxProbeBody = 1u << 20;
 const char* step_name(Step s) {
   switch (s) {
     case Step::unit_active: return "unit active";
+    case Step::port: return "port";
     case Step::health: return "health";
     case Step::models: return "models";
     case Step::completion: return "completion";
@@ -134,25 +144,141 @@ awaitable<Result<void>> probe_once(http::Client& client, const Target& target) {
   co_return make_error(Errc::cancelled, "readiness probe: cancelled");
 }
 
+OutputReader journal_output(asio::thread_pool& pool, std::string unit, std::chrono::system_clock::time_point since,
+                            std::size_t lines, std::filesystem::path directory) {
+  // The open journal is shared by the copies of the reader and used by one pool job at a time:
+  // wait_ready() awaits each read before it starts the next.
+  auto journal = std::make_shared<std::unique_ptr<sys::UnitJournal>>();
+  // Not a coroutine itself: GCC 12 miscompiles lambdas with captures made inside a coroutine
+  // lambda (their captures are destroyed twice), so the pool job is built in plain code.
+  return [&pool, unit = std::move(unit), since, lines, directory = std::move(directory),
+          journal](const units::UnitStatus& status) {
+    auto job = [unit, since, lines, directory, journal,
+                invocation = status.invocation_id]() -> Result<sys::UnitOutput> {
+      if (!*journal || (*journal)->query().invocation_id != invocation) {
+        sys::UnitJournalQuery q;
+        q.unit = unit;
+        q.invocation_id = invocation;
+        if (invocation.empty()) q.since = since;
+        q.lines = lines;
+        q.directory = directory;
+        auto opened = sys::UnitJournal::open(std::move(q));
+        if (!opened) return opened.error();
+        *journal = std::move(*opened);
+      }
+      return (*journal)->read();
+    };
+    return util::on_pool<Result<sys::UnitOutput>>(pool, std::move(job));
+  };
+}
+
+namespace {
+
+bool process_exists(std::uint32_t pid) {
+  std::error_code ec;
+  return std::filesystem::exists(fmt::format("/proc/{}", pid), ec);
+}
+
+// Whether something accepts a TCP connection on the target's port: the step between a live
+// process and an HTTP answer, which tells "still loading, not listening" from "listening but
+// not healthy". A connect that takes longer than a second or two counts as "not yet".
+awaitable<Result<void>> port_accepts(const Target& t) {
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(t.host, ec);
+  if (ec) co_return Result<void>{};  // a host name: the HTTP checks resolve and judge it
+  boost::beast::tcp_stream stream(co_await asio::this_coro::executor);
+  stream.expires_after(std::min<std::chrono::milliseconds>(t.request_timeout, std::chrono::seconds(2)));
+  auto [cec] = co_await stream.async_connect(asio::ip::tcp::endpoint(address, t.port),
+                                             asio::as_tuple(asio::use_awaitable));
+  if (cec == asio::error::operation_aborted) throw boost::system::system_error(cec);
+  if (cec)
+    co_return make_error(Errc::network_error,
+                         fmt::format("port {} does not accept connections yet ({})", t.port,
+                                     cec == boost::beast::error::timeout ? std::string("connect timed out") : cec.message()));
+  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  co_return Result<void>{};
+}
+
+// A server line fit for a message: the API key (should the server print its arguments) hidden.
+std::string redact(std::string line, const Target& t) {
+  if (t.api_key && !t.api_key->empty())
+    for (auto at = line.find(*t.api_key); at != std::string::npos; at = line.find(*t.api_key, at + 3))
+      line.replace(at, t.api_key->size(), "***");
+  return line;
+}
+
+std::string quoted_lines(const std::vector<std::string>& lines, const Target& t) {
+  std::string out;
+  for (const auto& l : lines) out += "\n  " + redact(l, t);
+  return out;
+}
+
+std::chrono::milliseconds since(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t);
+}
+
+}  // namespace
+
 awaitable<Result<void>> wait_ready(http::Client& client, units::ServiceManager& manager, const std::string& unit,
                                    const Target& target, std::chrono::milliseconds timeout,
                                    std::function<void(Step, const std::string&)> on_step,
                                    std::chrono::milliseconds interval) {
+  ReadyOptions options;
+  options.timeout = timeout;
+  options.interval = interval;
+  options.on_step = std::move(on_step);
+  co_return co_await wait_ready(client, manager, unit, target, options);
+}
+
+awaitable<Result<void>> wait_ready(http::Client& client, units::ServiceManager& manager, const std::string& unit,
+                                   const Target& target, const ReadyOptions& options) {
   const auto start = Clock::now();
-  const auto deadline = start + timeout;
+  const auto deadline = start + options.timeout;
   int reached = -1;  // the highest Step passed so far
   Passed passed = [&](Step s, const std::string& text) {
     if (static_cast<int>(s) > reached) {
       reached = static_cast<int>(s);
-      if (on_step) on_step(s, text);
+      if (options.on_step) options.on_step(s, text);
     }
   };
+  auto reached_name = [&] { return reached < 0 ? "none" : step_name(static_cast<Step>(reached)); };
   bool seen_active = false;
   std::string last_answer = "the unit has not become active";
+
+  // What the journal says: a new line (or any HTTP answer) is a sign of life.
+  bool output_readable = static_cast<bool>(options.output);
+  std::string last_cursor;
+  std::vector<std::string> last_lines;
+  auto last_activity = start;
+  auto next_progress = start + options.progress_every;
+
   try {
     asio::steady_timer timer(co_await asio::this_coro::executor);
+    auto pause = [&](std::chrono::milliseconds d) -> awaitable<bool> {
+      timer.expires_after(d);
+      auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      co_return !ec;
+    };
+    // Reads the journal; false when it is (or has become) unreadable.
+    auto read_output = [&](const units::UnitStatus& st) -> awaitable<bool> {
+      if (!output_readable) co_return false;
+      auto out = co_await options.output(st);
+      if (!out) {
+        output_readable = false;
+        if (options.on_output_unreadable) options.on_output_unreadable(out.error().message);
+        co_return false;
+      }
+      if (!out->newest_cursor.empty() && out->newest_cursor != last_cursor) {
+        last_cursor = out->newest_cursor;
+        last_activity = Clock::now();
+      }
+      last_lines = std::move(out->lines);
+      co_return true;
+    };
+
     for (;;) {
       auto st = co_await manager.status(unit);
+      bool alive = false;
       if (!st) {
         // A failed status query is not the unit failing: keep polling until the deadline.
         last_answer = st.error().message;
@@ -160,35 +286,85 @@ awaitable<Result<void>> wait_ready(http::Client& client, units::ServiceManager& 
         const auto& s = *st;
         bool dead = s.active_state == "failed" ||
                     (s.active_state == "inactive" && (seen_active || (!s.result.empty() && s.result != "success")));
-        if (dead)
-          co_return make_error(Errc::unit_failed,
-                               fmt::format("{} {} while starting (result {}, exit status {})", unit,
-                                           s.active_state == "failed" ? "failed" : "stopped",
-                                           s.result.empty() ? "unknown" : s.result, s.exec_main_status));
-        if (s.active_state == "active" || s.active_state == "reloading") {
-          seen_active = true;
-          passed(Step::unit_active, fmt::format("{} is active", unit));
-          auto probe = co_await probe_steps(client, target, passed);
-          if (probe) {
-            passed(Step::ready, fmt::format("{} is ready after {}", unit,
-                                            seconds(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start))));
-            co_return Result<void>{};
+        if (dead) {
+          std::string said;
+          if (options.output) {
+            // journald stores a stream's last lines a moment after the process is gone: read
+            // until two reads agree, for at most a second.
+            std::string before = last_cursor;
+            for (int i = 0; i < 5 && co_await read_output(s); ++i) {
+              if (i > 0 && last_cursor == before) break;
+              before = last_cursor;
+              if (!co_await pause(std::chrono::milliseconds(200))) break;
+            }
+            if (!output_readable)
+              said = "; its journal could not be read";
+            else if (last_lines.empty())
+              said = "; it wrote nothing to its journal";
+            else
+              said = fmt::format("; its last journal lines:{}", quoted_lines(last_lines, target));
           }
-          if (probe.error().code == Errc::cancelled) co_return probe.error();
-          last_answer = probe.error().message;
+          co_return make_error(Errc::unit_failed,
+                               fmt::format("{} {} while starting after {} (result {}, exit status {}){}", unit,
+                                           s.active_state == "failed" ? "failed" : "stopped", seconds(since(start)),
+                                           s.result.empty() ? "unknown" : s.result, s.exec_main_status, said));
+        }
+        bool running = s.active_state == "active" || s.active_state == "reloading";
+        bool pid_alive = s.main_pid == 0 || process_exists(s.main_pid);
+        alive = (running || s.active_state == "activating") && pid_alive;
+        if (running && !pid_alive) {
+          // systemd notices the exit a moment later; the next poll reports the unit dead.
+          last_answer = fmt::format("{}'s main process {} has exited", unit, s.main_pid);
+        } else if (running) {
+          seen_active = true;
+          passed(Step::unit_active, s.main_pid ? fmt::format("{} is active, main process {} alive", unit, s.main_pid)
+                                               : fmt::format("{} is active", unit));
+          auto port = co_await port_accepts(target);
+          if (!port) {
+            last_answer = port.error().message;
+          } else {
+            passed(Step::port, fmt::format("port {} accepts connections", target.port));
+            auto probe = co_await probe_steps(client, target, passed);
+            if (probe) {
+              passed(Step::ready, fmt::format("{} is ready after {}", unit, seconds(since(start))));
+              co_return Result<void>{};
+            }
+            if (probe.error().code == Errc::cancelled) co_return probe.error();
+            // An HTTP answer, even a refusal, shows the server is not silent.
+            if (probe.error().code == Errc::health_failed) last_activity = Clock::now();
+            last_answer = probe.error().message;
+          }
         } else {
           last_answer = fmt::format("{} is {} ({})", unit, s.active_state, s.sub_state);
         }
+        co_await read_output(s);
       }
+
       auto now = Clock::now();
+      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_activity);
+      std::string last_line = last_lines.empty() ? std::string() : redact(last_lines.back(), target);
+      if (alive && output_readable && options.stall_timeout.count() > 0 && silent >= options.stall_timeout)
+        co_return make_error(
+            Errc::readiness_timeout,
+            fmt::format("{} is hung: its main process {} is alive but has been silent for {} (no journal line, "
+                        "no HTTP answer; stall_timeout {}), not ready after {}; last step reached: {}; last "
+                        "answer: {}; last server line: '{}'",
+                        unit, st->main_pid, seconds(silent), seconds(options.stall_timeout), seconds(since(start)),
+                        reached_name(), last_answer, last_line.empty() ? "none" : last_line));
       if (now >= deadline)
         co_return make_error(Errc::readiness_timeout,
-                             fmt::format("{} was not ready within {}; last step reached: {}; last answer: {}", unit,
-                                         seconds(timeout), reached < 0 ? "none" : step_name(static_cast<Step>(reached)),
-                                         last_answer));
-      timer.expires_after(std::min<Clock::duration>(interval, deadline - now));
-      auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-      if (ec) break;  // cancelled
+                             fmt::format("{} was not ready within {}; last step reached: {}; last answer: {}{}", unit,
+                                         seconds(options.timeout), reached_name(), last_answer,
+                                         last_line.empty() ? std::string()
+                                                           : fmt::format("; last server line: '{}'", last_line)));
+      if (now >= next_progress) {
+        next_progress = now + options.progress_every;
+        if (options.on_progress) options.on_progress(Progress{since(start), silent, last_line, last_answer});
+      }
+      if (!co_await pause(std::min<std::chrono::milliseconds>(
+              options.interval, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
+                                    std::chrono::milliseconds(1))))
+        break;  // cancelled
     }
   } catch (const boost::system::system_error& e) {
     if (!is_cancel(e)) throw;

@@ -25,6 +25,9 @@ struct UnitStatus {
   int exec_main_status = 0;  ///< exit status of the main process when it exited
   std::string result;        ///< systemd's Result property: "success", "exit-code", "signal", ...
   bool loaded = false;       ///< LoadState == "loaded"
+  /// InvocationID: 32 lower-case hex digits naming this run of the unit (its journal lines carry
+  /// it as _SYSTEMD_INVOCATION_ID); empty when the unit never ran or the backend does not know.
+  std::string invocation_id;
 };
 
 /// Unit name of a model's service: "modeld-serve@NAME.service" (interface.md).

@@ -123,6 +123,25 @@ Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
     st.exec_main_status = status;
     if (auto rr = get_string(kService, "Result", st.result); !rr) return rr.error();
   }
+  if (st.loaded) {
+    // Best effort: without it, readers of the unit's journal fall back to a time bound.
+    BusError err;
+    Reply reply;
+    if (sd_bus_get_property(bus, kDestination, object.c_str(), kUnit, "InvocationID", &err.e, &reply.m, "ay") >= 0) {
+      const void* bytes = nullptr;
+      std::size_t size = 0;
+      if (sd_bus_message_read_array(reply.m, 'y', &bytes, &size) >= 0 && size == 16) {
+        static constexpr char kHex[] = "0123456789abcdef";
+        for (std::size_t i = 0; i < size; ++i) {
+          auto b = static_cast<const unsigned char*>(bytes)[i];
+          st.invocation_id.push_back(kHex[b >> 4]);
+          st.invocation_id.push_back(kHex[b & 0xF]);
+        }
+        // A unit that never ran has the null ID.
+        if (st.invocation_id.find_first_not_of('0') == std::string::npos) st.invocation_id.clear();
+      }
+    }
+  }
   return st;
 }
 

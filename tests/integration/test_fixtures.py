@@ -951,3 +951,99 @@ def test_fake_vllm_ignore_sigterm_needs_sigkill(start_vllm, model_dir):
     assert p.p.poll() is None
     p.p.kill()
     assert p.p.wait(10) == -signal.SIGKILL
+
+
+def quiet_for(p: Proc, seconds: float) -> bool:
+    """Whether p prints nothing new for `seconds` (a deadline on a condition that must not come)."""
+    before = p.stdout() + p.stderr()
+    return poll(lambda: p.stdout() + p.stderr() != before, seconds, 0.05) is None
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter in /proc/PID/stat (R, S, Z, ...), or None when there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_fake_vllm_logs_a_progress_line_every_progress_every_seconds_while_loading(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--load-seconds", "1", "--progress-every", "0.2")
+    vllm_port(p)
+    assert p.stdout().count("Loading weights...") >= 4
+
+
+def test_fake_vllm_generation_after_answers_health_and_models_at_once_and_completions_later(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--generation-after", "1.5")
+    base = f"http://127.0.0.1:{vllm_port(p)}"
+    body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 1}).encode()
+    assert fetch(f"{base}/health")[0] == 200
+    assert fetch(f"{base}/v1/models")[0] == 200
+    status, _, answer = fetch(f"{base}/v1/completions", "POST", {"Content-Type": "application/json"}, body)
+    assert status == 503 and b"warming up" in answer
+    wait_for(lambda: fetch(f"{base}/v1/completions", "POST", {"Content-Type": "application/json"}, body)[0] == 200,
+             15, "completions to work", p.p, step=0.1)
+
+
+def test_fake_vllm_hang_prints_one_loading_line_then_stays_silent_and_never_listens(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--hang")
+    wait_for(lambda: "Loading weights..." in p.stdout(), 30, "the loading line", p.p)
+    assert quiet_for(p, 1.0)
+    assert p.p.poll() is None
+    assert "Uvicorn running" not in p.stdout()
+    assert p.terminate() == 0
+
+
+def test_fake_vllm_die_during_load_prints_load_lines_then_exits_with_the_exit_code(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--die-during-load", "1", "--exit-code", "7", "--progress-every", "0.2")
+    assert p.p.wait(30) == 7
+    assert "Loading weights... shard group 2" in p.stdout()
+    assert "CUDA error: out of memory while loading weights" in p.stderr()
+    assert "Uvicorn running" not in p.stdout()
+
+
+def test_fake_vllm_exit_zero_after_ready_becomes_ready_then_exits_0(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--exit-zero-after-ready", "1")
+    assert fetch(f"http://127.0.0.1:{vllm_port(p)}/health")[0] == 200
+    assert p.p.wait(30) == 0
+    assert "Exiting on its own" in p.stdout()
+
+
+def test_fake_vllm_child_ignores_sigterm_outlives_the_main_process(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--child-ignores-sigterm")
+    vllm_port(p)
+    pid = int(wait_for(lambda: re.search(r"worker process (\d+) ignores SIGTERM", p.stdout()), 30,
+                       "the worker line", p.p).group(1))
+    try:
+        os.kill(pid, signal.SIGTERM)
+        assert p.terminate() == 0
+        assert process_state(pid) not in (None, "Z"), "the worker must outlive the main process"
+    finally:
+        if process_state(pid) is not None:
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: process_state(pid) in (None, "Z"), 10, "the worker to end on SIGKILL")
+
+
+def test_fake_vllm_hold_port_after_exit_keeps_the_port_bound_after_the_main_process_exits(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--hold-port-after-exit", "2")
+    port = vllm_port(p)
+
+    def bindable() -> bool:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+                s.listen()
+                return True
+            except OSError:
+                return False
+
+    assert p.terminate() == 0
+    held = wait_for(lambda: re.search(rf"port {port} held by (\d+) for 2 s", p.stdout()), 10, "the holder line")
+    holder = int(held.group(1))
+    try:
+        assert not bindable(), "the port must stay in use after the main process exited"
+        wait_for(bindable, 15, "the port to be released", step=0.1)
+    finally:
+        if process_state(holder) not in (None, "Z"):
+            os.kill(holder, signal.SIGKILL)

@@ -5,9 +5,12 @@
 #include <catch2/catch.hpp>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <nlohmann/json.hpp>
 
 #include <deque>
+#include <filesystem>
+#include <unistd.h>
 
 using namespace modeld;
 using modeld::test::Exchange;
@@ -199,7 +202,7 @@ TEST_CASE("wait_ready reports each step once, in order, and returns when ready")
   auto r = test::run(f.ioc, task());
   REQUIRE(r);
   using S = health::Step;
-  CHECK(steps == std::vector<S>{S::unit_active, S::health, S::models, S::completion, S::ready});
+  CHECK(steps == std::vector<S>{S::unit_active, S::port, S::health, S::models, S::completion, S::ready});
   CHECK(f.fake.health_calls == 2);
 }
 
@@ -265,6 +268,235 @@ TEST_CASE("wait_ready is cancelled by the awaiting coroutine's cancellation slot
                                 [&] { return m.status_calls >= 1; });
   REQUIRE_FALSE(r);
   CHECK(r.error().code == Errc::cancelled);
+}
+
+namespace {
+
+// A journal stand-in: each read() gives the lines and cursor the test set; `fresh` makes every
+// read look like a new line arrived.
+struct FakeOutput {
+  std::vector<std::string> lines = {"INFO loading"};
+  std::string cursor = "c1";
+  bool fresh = false;
+  bool broken = false;
+  int reads = 0;
+
+  health::OutputReader reader() {
+    return [this](const units::UnitStatus&) -> asio::awaitable<Result<sys::UnitOutput>> {
+      ++reads;
+      if (broken) co_return make_error(Errc::io_error, "cannot open the journal to read u.service's lines: denied");
+      sys::UnitOutput out;
+      out.lines = lines;
+      out.newest_cursor = fresh ? fmt::format("c{}", reads) : cursor;
+      co_return out;
+    };
+  }
+};
+
+// A running unit whose main process is this test process (certainly alive).
+units::UnitStatus alive_unit() {
+  auto s = FakeManager::state("active");
+  s.main_pid = static_cast<std::uint32_t>(::getpid());
+  return s;
+}
+
+// A port on which nothing listens, as while a server loads.
+std::uint16_t closed_port(asio::io_context& ioc) {
+  asio::ip::tcp::acceptor a(ioc, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  auto port = a.local_endpoint().port();
+  a.close();
+  return port;
+}
+
+health::ReadyOptions quick(std::chrono::milliseconds timeout, std::chrono::milliseconds stall) {
+  health::ReadyOptions o;
+  o.timeout = timeout;
+  o.stall_timeout = stall;
+  o.interval = std::chrono::milliseconds(20);
+  o.progress_every = std::chrono::milliseconds(50);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a server alive but silent for stall_timeout is hung, long before startup_timeout") {
+  Fixture f;
+  f.target.port = closed_port(f.ioc);
+  FakeManager m;
+  m.script = {alive_unit()};
+  FakeOutput out;
+  out.lines = {"INFO Loading weights..."};
+  auto o = quick(std::chrono::seconds(15), std::chrono::milliseconds(300));
+  o.output = out.reader();
+  auto start = std::chrono::steady_clock::now();
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == Errc::readiness_timeout);
+  const auto& msg = r.error().message;
+  CHECK(msg.find("u.service is hung") != std::string::npos);
+  CHECK(msg.find(fmt::format("main process {} is alive but has been silent for", ::getpid())) != std::string::npos);
+  CHECK(msg.find("stall_timeout 0.3 s") != std::string::npos);
+  CHECK(msg.find("last step reached: unit active") != std::string::npos);
+  CHECK(msg.find("does not accept connections") != std::string::npos);
+  CHECK(msg.find("last server line: 'INFO Loading weights...'") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+}
+
+TEST_CASE("a server that keeps writing lines is loading, never hung, and progress names its last line") {
+  Fixture f;
+  f.target.port = closed_port(f.ioc);
+  FakeManager m;
+  m.script = {alive_unit()};
+  FakeOutput out;
+  out.fresh = true;
+  out.lines = {"INFO Loading weights... 12s left"};
+  auto o = quick(std::chrono::milliseconds(600), std::chrono::milliseconds(100));
+  o.output = out.reader();
+  std::vector<health::Progress> progress;
+  o.on_progress = [&](const health::Progress& p) { progress.push_back(p); };
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == Errc::readiness_timeout);
+  CHECK(r.error().message.find("was not ready within 0.6 s") != std::string::npos);
+  CHECK(r.error().message.find("hung") == std::string::npos);
+  REQUIRE(progress.size() >= 2);
+  CHECK(progress.size() <= 13);  // at most one per progress_every (50 ms) over 600 ms
+  CHECK(progress.back().last_line == "INFO Loading weights... 12s left");
+  CHECK(progress.back().waited >= progress.front().waited + std::chrono::milliseconds(50));
+  CHECK(progress.back().silent < std::chrono::milliseconds(100));
+}
+
+TEST_CASE("a server that answers HTTP, even with errors, is not silent") {
+  Fixture f;
+  f.fake.health_status = 503;
+  FakeManager m;
+  m.script = {alive_unit()};
+  FakeOutput out;  // the journal never changes
+  auto o = quick(std::chrono::milliseconds(500), std::chrono::milliseconds(100));
+  o.output = out.reader();
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("was not ready within") != std::string::npos);
+  CHECK(r.error().message.find("last step reached: port") != std::string::npos);
+  CHECK(r.error().message.find("/health answered 503") != std::string::npos);
+}
+
+TEST_CASE("a unit that dies while loading is unit_failed quoting its last journal lines, API key hidden") {
+  Fixture f;
+  f.target.api_key = "sk-local-secret";
+  FakeManager m;
+  m.script = {FakeManager::state("activating", ""), FakeManager::state("failed", "exit-code", 3)};
+  FakeOutput out;
+  out.lines = {"INFO args: api_key=sk-local-secret", "INFO Loading weights... shard group 2",
+               "ERROR CUDA error: out of memory"};
+  auto o = quick(std::chrono::seconds(10), std::chrono::seconds(5));
+  o.output = out.reader();
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "modeld-serve@kimi.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == Errc::unit_failed);
+  const auto& msg = r.error().message;
+  CHECK(msg.find("modeld-serve@kimi.service failed while starting") != std::string::npos);
+  CHECK(msg.find("exit status 3") != std::string::npos);
+  CHECK(msg.find("its last journal lines:\n  INFO args: api_key=***\n  INFO Loading weights... shard group 2\n"
+                 "  ERROR CUDA error: out of memory") != std::string::npos);
+  CHECK(msg.find("sk-local-secret") == std::string::npos);
+  CHECK(f.server.requests().empty());
+}
+
+TEST_CASE("a unit that dies without a line says it wrote nothing") {
+  Fixture f;
+  FakeManager m;
+  m.script = {FakeManager::state("failed", "exit-code", 1)};
+  FakeOutput out;
+  out.lines = {};
+  out.cursor = "";
+  auto o = quick(std::chrono::seconds(10), std::chrono::seconds(5));
+  o.output = out.reader();
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("it wrote nothing to its journal") != std::string::npos);
+}
+
+TEST_CASE("an unreadable journal is reported once and the server counts as loading, not hung") {
+  Fixture f;
+  f.target.port = closed_port(f.ioc);
+  FakeManager m;
+  m.script = {alive_unit()};
+  FakeOutput out;
+  out.broken = true;
+  auto o = quick(std::chrono::milliseconds(500), std::chrono::milliseconds(50));
+  o.output = out.reader();
+  std::vector<std::string> notes;
+  o.on_output_unreadable = [&](const std::string& why) { notes.push_back(why); };
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("was not ready within") != std::string::npos);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("cannot open the journal") != std::string::npos);
+  CHECK(out.reads == 1);
+}
+
+TEST_CASE("an active unit whose main process is gone is not probed") {
+  Fixture f;
+  FakeManager m;
+  auto s = FakeManager::state("active");
+  s.main_pid = 0x3FFFFFFF;  // above any pid_max: no such process
+  m.script = {s};
+  auto o = quick(std::chrono::milliseconds(200), std::chrono::seconds(0));
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find(fmt::format("main process {} has exited", 0x3FFFFFFF)) != std::string::npos);
+  CHECK(r.error().message.find("last step reached: none") != std::string::npos);
+  CHECK(f.server.requests().empty());
+}
+
+TEST_CASE("a port that accepts connections is a step of its own before the health check") {
+  Fixture f;
+  f.fake.health_status = 503;
+  FakeManager m;
+  m.script = {alive_unit()};
+  std::vector<std::pair<health::Step, std::string>> steps;
+  auto o = quick(std::chrono::milliseconds(200), std::chrono::seconds(0));
+  o.on_step = [&](health::Step s, const std::string& text) { steps.emplace_back(s, text); };
+  auto r = test::run(f.ioc, health::wait_ready(f.client, m, "u.service", f.target, o));
+  REQUIRE_FALSE(r);
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].first == health::Step::unit_active);
+  CHECK(steps[0].second == fmt::format("u.service is active, main process {} alive", ::getpid()));
+  CHECK(steps[1].first == health::Step::port);
+  CHECK(steps[1].second == fmt::format("port {} accepts connections", f.target.port));
+}
+
+TEST_CASE("journal_output reads on the pool and opens the journal again for a new invocation") {
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("modeld-health-journal-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  asio::io_context ioc;
+  asio::thread_pool pool(1);
+  auto reader = health::journal_output(pool, "modeld-serve@kimi.service", std::chrono::system_clock::now(), 10, dir);
+  units::UnitStatus st = FakeManager::state("active");
+  auto task = [&]() -> asio::awaitable<Result<sys::UnitOutput>> {
+    auto first = co_await reader(st);
+    if (!first) co_return first;
+    st.invocation_id = "0123456789abcdef0123456789abcdef";
+    co_return co_await reader(st);
+  };
+  auto r = test::run(ioc, task());
+  REQUIRE(r);
+  CHECK(r->lines.empty());
+  CHECK(r->newest_cursor.empty());
+  pool.join();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("journal_output of a folder that is not there is io_error naming the unit") {
+  asio::io_context ioc;
+  asio::thread_pool pool(1);
+  auto reader = health::journal_output(pool, "u.service", std::chrono::system_clock::now(), 10, "/nonexistent/journal");
+  auto r = test::run(ioc, reader(FakeManager::state("active")));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == Errc::io_error);
+  CHECK(r.error().message.find("u.service") != std::string::npos);
+  pool.join();
 }
 
 TEST_CASE("the benchmark times the first streamed token and counts the rest") {

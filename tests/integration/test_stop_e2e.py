@@ -1,0 +1,185 @@
+"""End to end, the switch from the old model to the new one (issue 5): stopping_old waits until
+nothing of the old service is left (control group, port, GPU memory through a fake NVML), refuses
+to stop anything when a stranger holds the new model's port, checks GPU memory before launching,
+and with allow_downtime stops the old model before freeing_disk evicts it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from modeld_env import BUILD_DIR, ModeldEnv, completion, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+
+MiB = 1 << 20
+GiB = 1 << 30
+FAKE_NVML = BUILD_DIR / "fake_nvml" / "libnvidia-ml.so.1"
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+TOTAL = 141 * GiB
+IDLE = 615 * MiB
+
+
+def nvml_state(path: Path, used: int = IDLE, procs: list[tuple[int, int]] = ()) -> None:
+    """One fake H200 with `used` bytes in use and compute processes (pid, bytes)."""
+    lines = ["init 0", f"gpu {UUID} {TOTAL} {used} {TOTAL - used} {IDLE} NVIDIA H200"]
+    lines += [f"proc 0 {pid} {n}" for pid, n in procs]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    work = tmp_path_factory.mktemp("stop")
+    state = work / "nvml-state.txt"
+    nvml_state(state)
+    e = ModeldEnv(workdir=work, environment={"MODELD_NVML_LIBRARY": str(FAKE_NVML), "FAKE_NVML_STATE": str(state)})
+    e.nvml = state
+    names = ["a", "b", "c", "big"]
+    for i, n in enumerate(names):
+        e.add_repo(f"acme/{n}", shards=2, shard_size=64 * 1024, seed=20 + i)
+    e.ports = {n: free_port() for n in names}
+    tables = "".join(model_table(n, f"acme/{n}", e.ports[n], stop_timeout="3s") for n in ["a", "b", "c"])
+    # Needs more GPU memory than the fake GPU has free.
+    tables += model_table("big", "acme/big", e.ports["big"], extra_serve='gpus = 1\ngpu_memory = "200GiB"')
+    try:
+        e.start(tables)
+        assert FAKE_NVML.exists(), FAKE_NVML
+        e.deploy_and_wait("a")
+        yield e
+    finally:
+        e.stop()
+
+
+def deployment_ends(env: ModeldEnv) -> dict:
+    return wait_for("the deployment to end", lambda: (
+        (d := env.status()["deployment"]) and d["state"] != "running" and d), timeout=120)
+
+
+def messages(env: ModeldEnv, dep: dict) -> list[str]:
+    return [e["MESSAGE"] for e in env.journal(f"MODELD_DEPLOYMENT={dep['id']}")]
+
+
+def test_the_first_deployment_measured_the_gpu_baseline(env):
+    baseline = json.loads((env.state_dir / "gpu-baseline.json").read_text())
+    assert baseline["used_bytes"] == {UUID: IDLE}
+
+
+def test_a_stranger_on_the_new_models_port_stops_nothing(env):
+    active = env.status()["active"]
+    entered = env.unit_timestamp(active["unit"], "ActiveEnterTimestampMonotonic")
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", env.ports["b"]))
+    squatter.listen()
+    try:
+        dep = env.deploy_and_wait("b", expect_exit=1)
+    finally:
+        squatter.close()
+    assert dep["state"] == "failed" and dep["phase"] == "stopping_old", dep
+    msg = dep["error"]["message"]
+    # modeld runs in its own PID namespace here: it sees the listener, not its holder.
+    assert f"port {env.ports['b']}" in msg and "not stopping" in msg, msg
+    assert env.unit_timestamp(active["unit"], "ActiveEnterTimestampMonotonic") == entered
+    assert completion(active["port"], active["model"])
+
+
+def test_the_new_server_waits_until_the_old_ones_gpu_memory_is_back(env):
+    old = env.status()["active"]
+    # The old server's worker still holds 20 GiB when its unit has stopped.
+    nvml_state(env.nvml, IDLE + 20 * GiB, [(4242, 20 * GiB)])
+    assert env.modelctl("deploy", "b").returncode == 0
+    wait_for("the old unit to be stopped", lambda: env.unit_state(old["unit"]) in ("inactive", "failed"),
+             timeout=60)
+    # Still waiting on the GPU: the phase does not move and the new unit does not start.
+    dep = env.status()["deployment"]
+    assert dep["phase"] == "stopping_old" and dep["state"] == "running", dep
+    assert env.unit_state("modeld-serve@b.service") != "active"
+    nvml_state(env.nvml)  # the worker exits
+    dep = deployment_ends(env)
+    assert dep["state"] == "succeeded", dep
+    assert any("GPU memory is back at its baseline" in m for m in messages(env, dep))
+    assert completion(env.ports["b"], "b")
+
+
+def test_gpu_memory_that_never_comes_back_fails_the_stop_naming_the_holder_and_rolls_back(env):
+    nvml_state(env.nvml, IDLE + 20 * GiB, [(4343, 20 * GiB)])
+    try:
+        dep = env.deploy_and_wait("c", expect_exit=1)
+    finally:
+        nvml_state(env.nvml)
+    assert dep["state"] == "rolled_back", dep
+    msg = dep["error"]["message"]
+    assert "GPU 0 (NVIDIA H200)" in msg and "pid 4343" in msg and "20.0 GiB above the baseline" in msg, msg
+    assert env.unit_state("modeld-serve@c.service") != "active"
+    assert env.status()["active"]["model"] == "b"
+    assert completion(env.ports["b"], "b")
+
+
+def test_a_model_needing_more_gpu_memory_than_is_free_is_not_launched_and_rolled_back(env):
+    dep = env.deploy_and_wait("big", expect_exit=1)
+    assert dep["state"] == "rolled_back" and dep["error"]["code"] == "unit_failed", dep
+    msg = dep["error"]["message"]
+    assert "model big" in msg and "GPU 0 (NVIDIA H200)" in msg and "200.0 GiB" in msg, msg
+    assert env.unit_state("modeld-serve@big.service") != "active"
+    assert completion(env.ports["b"], "b")
+
+
+# -- allow_downtime on a disk that holds one model only --------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    work = tmp_path / "work"
+    models = work / "models"
+    models.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={40 * MiB},mode=0755", "modeld-test-downtime",
+                    str(models)], check=True)
+    try:
+        yield work
+    finally:
+        subprocess.run(["umount", "-l", str(models)], check=False)
+
+
+def test_allow_downtime_stops_the_old_model_before_evicting_it(small_disk):
+    env = ModeldEnv(workdir=small_disk)
+    try:
+        env.add_repo("acme/old", shards=2, shard_size=12 * MiB, seed=31)
+        env.add_repo("acme/new", shards=2, shard_size=12 * MiB, seed=32)
+        ports = {"old": free_port(), "new": free_port()}
+        env.start(model_table("old", "acme/old", ports["old"]) + model_table("new", "acme/new", ports["new"]))
+        env.deploy_and_wait("old")
+
+        plan = json.loads(env.modelctl("--json", "plan", "new").stdout)
+        assert plan["fits"] is False
+        plan = json.loads(env.modelctl("--json", "plan", "new", "--allow-downtime").stdout)
+        assert plan["fits"] is True and plan["rollback_possible"] is False, plan
+        assert [e["name"] for e in plan["evictions"]] == ["old"]
+
+        # Without the flag the old model is never touched.
+        dep = env.deploy_and_wait("new", expect_exit=1)
+        assert dep["state"] == "failed" and dep["error"]["code"] == "disk_full", dep
+        assert completion(ports["old"], "old")
+
+        r = env.modelctl("deploy", "new", "--wait", "--allow-downtime")
+        assert r.returncode == 0, r.stdout + r.stderr
+        dep = env.status()["deployment"]
+        assert dep["state"] == "succeeded", dep
+        phases = []
+        for e in env.journal(f"MODELD_DEPLOYMENT={dep['id']}"):
+            p = e.get("MODELD_PHASE")
+            if p and (not phases or phases[-1] != p):
+                phases.append(p)
+        assert phases[:6] == ["planning", "stopping_old", "freeing_disk", "downloading", "verifying",
+                              "launching"], phases
+        assert env.status()["active"]["model"] == "new"
+        assert not (env.models_dir / ".store" / "old").exists()
+        assert completion(ports["new"], "new")
+    finally:
+        env.stop()
