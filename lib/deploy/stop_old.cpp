@@ -167,6 +167,18 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
   }
   sys::logf(sys::Level::info, run.fields(), "{} stopped: its control group is empty and port{} {} free", unit,
             ports.size() > 1 ? "s" : "", fmt::join(ports, ", "));
+  // A daemon restarted during launching or health_checking finds the new server running: its GPU
+  // memory is not the old one's, and no baseline can be measured under it.
+  const auto new_unit = units::serve_unit(run.model.name);
+  if (new_unit != unit) {
+    auto running = co_await pids_of(s, new_unit);
+    if (!running) co_return running.error();
+    if (!running->empty()) {
+      sys::logf(sys::Level::info, run.fields(), "{} runs already (a restarted daemon continues): not waiting for GPU "
+                "memory", new_unit);
+      co_return Result<void>{};
+    }
+  }
   // Workers that outlive their parent keep GPU memory until they exit (gpu-facts.md).
   co_return co_await wait_gpu_memory_back(s, run, deadline, true);
 }

@@ -42,13 +42,16 @@ def env(tmp_path_factory):
     nvml_state(state)
     e = ModeldEnv(workdir=work, environment={"MODELD_NVML_LIBRARY": str(FAKE_NVML), "FAKE_NVML_STATE": str(state)})
     e.nvml = state
-    names = ["a", "b", "c", "big"]
+    names = ["a", "b", "c", "big", "slow", "slow2"]
     for i, n in enumerate(names):
         e.add_repo(f"acme/{n}", shards=2, shard_size=64 * 1024, seed=20 + i)
     e.ports = {n: free_port() for n in names}
     tables = "".join(model_table(n, f"acme/{n}", e.ports[n], stop_timeout="3s") for n in ["a", "b", "c"])
     # Needs more GPU memory than the fake GPU has free.
     tables += model_table("big", "acme/big", e.ports["big"], extra_serve='gpus = 1\ngpu_memory = "200GiB"')
+    # Slow to load, so a test can act while they are in health_checking.
+    tables += "".join(model_table(n, f"acme/{n}", e.ports[n], load_seconds=6, stop_timeout="3s")
+                      for n in ["slow", "slow2"])
     try:
         e.start(tables)
         assert FAKE_NVML.exists(), FAKE_NVML
@@ -130,6 +133,41 @@ def test_a_model_needing_more_gpu_memory_than_is_free_is_not_launched_and_rolled
     assert "model big" in msg and "GPU 0 (NVIDIA H200)" in msg and "200.0 GiB" in msg, msg
     assert env.unit_state("modeld-serve@big.service") != "active"
     assert completion(env.ports["b"], "b")
+
+
+def wait_health_checking(env: ModeldEnv, name: str) -> dict:
+    return wait_for(f"{name}'s deployment in health_checking", lambda: (
+        (d := env.status()["deployment"]) and d["model"] == name and d["phase"] == "health_checking" and d),
+        timeout=60)
+
+
+def test_a_daemon_restart_during_health_checking_continues_the_deployment(env):
+    assert env.modelctl("deploy", "slow").returncode == 0
+    dep = wait_health_checking(env, "slow")
+    unit = "modeld-serve@slow.service"
+    pid = env.main_pid(unit)
+    assert pid > 0
+    env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+    wait_for("modeld after its restart", lambda: env.modelctl("status").returncode == 0, timeout=60)
+    end = deployment_ends(env)
+    assert end["id"] == dep["id"] and end["state"] == "succeeded", end
+    # The server that was loading kept loading: it was not started again.
+    assert env.main_pid(unit) == pid
+    assert env.status()["active"]["model"] == "slow"
+    assert completion(env.ports["slow"], "slow")
+    assert any("runs already" in m for m in messages(env, end))
+
+
+def test_a_cancel_after_stopping_old_rolls_back_to_the_old_model(env):
+    assert env.modelctl("deploy", "slow2").returncode == 0
+    wait_health_checking(env, "slow2")
+    r = env.modelctl("cancel")
+    assert r.returncode == 0, r.stdout + r.stderr
+    dep = deployment_ends(env)
+    assert dep["state"] == "rolled_back" and dep["error"]["code"] == "cancelled", dep
+    assert env.unit_state("modeld-serve@slow2.service") != "active"
+    assert env.status()["active"]["model"] == "slow"
+    assert completion(env.ports["slow"], "slow")
 
 
 # -- allow_downtime on a disk that holds one model only --------------------------------------
