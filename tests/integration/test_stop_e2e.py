@@ -42,7 +42,7 @@ def env(tmp_path_factory):
     nvml_state(state)
     e = ModeldEnv(workdir=work, environment={"MODELD_NVML_LIBRARY": str(FAKE_NVML), "FAKE_NVML_STATE": str(state)})
     e.nvml = state
-    names = ["a", "b", "c", "big", "slow", "slow2"]
+    names = ["a", "b", "c", "big", "slow", "slow2", "stubborn", "holder", "next"]
     for i, n in enumerate(names):
         e.add_repo(f"acme/{n}", shards=2, shard_size=64 * 1024, seed=20 + i)
     e.ports = {n: free_port() for n in names}
@@ -52,6 +52,13 @@ def env(tmp_path_factory):
     # Slow to load, so a test can act while they are in health_checking.
     tables += "".join(model_table(n, f"acme/{n}", e.ports[n], load_seconds=6, stop_timeout="3s")
                       for n in ["slow", "slow2"])
+    # Servers that leave something behind when stopped; "next" serves on holder's port.
+    tables += model_table("stubborn", "acme/stubborn", e.ports["stubborn"], stop_timeout="3s",
+                          serve_args=["--child-ignores-sigterm"])
+    tables += model_table("holder", "acme/holder", e.ports["holder"], stop_timeout="20s",
+                          serve_args=["--hold-port-after-exit", "3"])
+    e.ports["next"] = e.ports["holder"]
+    tables += model_table("next", "acme/next", e.ports["next"])
     try:
         e.start(tables)
         assert FAKE_NVML.exists(), FAKE_NVML
@@ -168,6 +175,45 @@ def test_a_cancel_after_stopping_old_rolls_back_to_the_old_model(env):
     assert env.unit_state("modeld-serve@slow2.service") != "active"
     assert env.status()["active"]["model"] == "slow"
     assert completion(env.ports["slow"], "slow")
+
+
+def stop_seconds(env: ModeldEnv, dep: dict) -> float:
+    """Seconds between modeld's "stopping UNIT" and "UNIT stopped" lines of a deployment."""
+    t = {}
+    for e in env.journal(f"MODELD_DEPLOYMENT={dep['id']}", "MODELD_PHASE=stopping_old"):
+        if e["MESSAGE"].startswith("stopping "):
+            t["from"] = int(e["__REALTIME_TIMESTAMP"])
+        elif " stopped: " in e["MESSAGE"]:
+            t["to"] = int(e["__REALTIME_TIMESTAMP"])
+    return (t["to"] - t["from"]) / 1e6
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_with_the_control_group_before_the_next_server(env):
+    env.deploy_and_wait("stubborn")
+    wait_for("the stubborn worker's line", lambda: any(
+        "ignores SIGTERM" in e.get("MESSAGE", "") for e in env.journal(unit="modeld-serve@stubborn.service")),
+        timeout=30)
+    dep = env.deploy_and_wait("a")
+    assert dep["state"] == "succeeded", dep
+    # The main process went at SIGTERM; the worker only at SIGKILL after TimeoutStopSec=3s.
+    assert stop_seconds(env, dep) >= 3.0
+    # Its control group is gone with the worker (systemd's SIGKILL of the whole group).
+    assert env.unit_state("modeld-serve@stubborn.service") in ("inactive", "failed")
+    out = env.systemd.run(["systemctl", "show", "-p", "MainPID", "-p", "ControlGroup", "--value",
+                           "modeld-serve@stubborn.service"], check=True).stdout.split()
+    assert out[:1] == ["0"] and len(out) == 1, out
+    assert completion(env.ports["a"], "a")
+
+
+def test_a_port_held_after_the_main_process_exits_delays_the_next_server_on_that_port(env):
+    env.deploy_and_wait("holder")
+    dep = env.deploy_and_wait("next")
+    assert dep["state"] == "succeeded", dep
+    held = [e for e in env.journal(unit="modeld-serve@holder.service") if " held by " in e.get("MESSAGE", "")]
+    assert held, "the holder fixture did not keep its port"
+    assert stop_seconds(env, dep) >= 3.0
+    # The new server came up on the same port only after the old socket was closed.
+    assert completion(env.ports["next"], "next")
 
 
 # -- allow_downtime on a disk that holds one model only --------------------------------------
