@@ -85,6 +85,8 @@ TEST_CASE("the shipped example configuration loads with no problems") {
   CHECK(kimi->serve.port == 8000);
   CHECK(kimi->serve.startup_timeout == 60min);
   CHECK(kimi->serve.stop_timeout == 5min);
+  CHECK(kimi->serve.gpus == 8);
+  CHECK(kimi->serve.gpu_memory == 127ull << 30);
   CHECK(kimi->serve.command.front() == "vllm");
   CHECK(kimi->source_file.filename() == "kimi-k2-5.toml");
   CHECK(c.find_model("nope") == nullptr);
