@@ -101,6 +101,19 @@ std::string status_text(const json& s, const Style& style) {
   else
     out += "Active:      none\n";
 
+  if (const auto& w = s.value("watchdog", json()); w.is_object()) {
+    const auto restarts = uint(w, "restarts");
+    std::string line = fmt::format("Watchdog:    {}, {} restart{}", str(w, "state"), restarts, restarts == 1 ? "" : "s");
+    if (auto n = uint(w, "consecutive_failures"); n > 0)
+      line += fmt::format(", {} failed probe{} in a row", n, n == 1 ? "" : "s");
+    if (w.contains("last_probe_ok") && w["last_probe_ok"].is_boolean())
+      line += fmt::format(", last probe {} at {}", w["last_probe_ok"].get<bool>() ? "ok" : "failed",
+                          str(w, "last_probe_at"));
+    out += line + "\n";
+    if (auto at = str(w, "last_restart_at", ""); !at.empty())
+      out += fmt::format("  Restarted: {}: {}\n", at, str(w, "last_restart_reason"));
+  }
+
   const auto& d = s.value("deployment", json());
   if (!d.is_object()) {
     out += "Deployment:  none\n";

@@ -140,7 +140,18 @@ int main(int argc, char** argv) {
       sys::log(sys::Level::error, {}, r.error().message);
       return 1;
     }
-    auto units = units::make_systemd_manager(io.get_executor(), cfg->daemon.unit_dir);
+    // [daemon] service_manager: the process backend needs no bus (containers have none); its
+    // servers outlive modeld and the next one re-adopts them from the records in state_dir.
+    std::unique_ptr<units::ServiceManager> units;
+    if (cfg->daemon.service_manager == "process") {
+      sys::log(sys::Level::info, {},
+               "service_manager \"process\": model servers run as children of modeld in their own process groups");
+      units::ProcessManagerOptions popt;
+      popt.record_dir = cfg->daemon.state_dir / "processes";
+      units = units::make_process_manager(io.get_executor(), popt);
+    } else {
+      units = units::make_systemd_manager(io.get_executor(), cfg->daemon.unit_dir);
+    }
 
     deploy::Services services{cfg, store, hub, hub_client, local_client, *units, disk_pool};
     deploy::Deployer deployer(io, services, states);

@@ -102,7 +102,8 @@ using Keys = std::span<const std::string_view>;
 constexpr std::string_view kTopKeys[] = {"daemon", "control", "hub", "metrics",
                                                               "models"};
 constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
-                                                                 "unit_dir", "disk_reserve"};
+                                                                 "unit_dir", "disk_reserve",
+                                                                 "service_manager"};
 constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
                                                               "max_bytes_per_s", "ca_file", "read_timeout"};
@@ -442,6 +443,11 @@ class Checker {
     read_path(t, "socket", "daemon.socket", out.socket, false);
     read_path(t, "unit_dir", "daemon.unit_dir", out.unit_dir, false);
     read_size(t, "disk_reserve", "daemon.disk_reserve", out.disk_reserve);
+    if (read(t, "service_manager", "daemon.service_manager", out.service_manager) &&
+        out.service_manager != "systemd" && out.service_manager != "process")
+      problem(t.get("service_manager")->source(),
+              fmt::format("daemon.service_manager must be \"systemd\" or \"process\", got \"{}\"",
+                          out.service_manager));
   }
 
   void check_control(const toml::table& t, ControlConfig& out) {

@@ -21,6 +21,9 @@ struct DaemonConfig {
   std::filesystem::path socket = "/run/modeld/modeld.sock";
   std::filesystem::path unit_dir = "/run/systemd/system";
   std::uint64_t disk_reserve = 20ull << 30;  ///< bytes never to fill on the models_dir file system
+  /// How model servers run: "systemd" (units over D-Bus) or "process" (children of modeld in
+  /// their own process groups, for hosts without systemd as PID 1).
+  std::string service_manager = "systemd";
 };
 
 /// [control]: who may call mutating routes besides root.

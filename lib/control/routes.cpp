@@ -41,6 +41,30 @@ json active_json(const std::optional<deploy::Active>& a) {
               {"port", a->port},   {"since", a->since}};
 }
 
+template <typename T>
+json or_null(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+// GET /v1/status "watchdog": the active model's record, null when nothing watches it.
+json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Active>& active) {
+  if (!active) return nullptr;
+  auto all = engine.watchdogs();
+  if (all.empty() || all.front().model != active->model) return nullptr;
+  const auto& w = all.front();
+  return json{{"model", w.model},
+              {"unit", w.unit},
+              {"state", w.state},
+              {"consecutive_failures", w.consecutive_failures},
+              {"restarts", w.restarts},
+              {"probe_failures", w.probe_failures},
+              {"last_restart_at", or_null(w.last_restart_at)},
+              {"last_restart_reason", or_null(w.last_restart_reason)},
+              {"last_probe_at", or_null(w.last_probe_at)},
+              {"last_probe_ok", or_null(w.last_probe_ok)},
+              {"last_probe_seconds", or_null(w.last_probe_seconds)}};
+}
+
 json model_json(const deploy::ModelInfo& m) {
   return json{{"name", m.name},
               {"repo", m.repo},
@@ -167,7 +191,9 @@ Result<std::pair<std::string, bool>> parse_deploy_body(const std::string& body) 
 Response get_status(deploy::Engine& engine) {
   json body;
   body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", engine.uptime_s()}};
-  body["active"] = active_json(engine.active());
+  auto active = engine.active();
+  body["active"] = active_json(active);
+  body["watchdog"] = watchdog_json(engine, active);
   auto cur = engine.current();
   body["deployment"] = cur ? deploy::to_json(*cur) : json(nullptr);
   return json_response(200, body);
@@ -295,6 +321,44 @@ std::string metrics_text(const deploy::Engine& engine) {
   if (auto a = engine.active())
     out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\"}} 1\n",
                        label_value(a->model), label_value(a->commit));
+
+  // The post-deploy watchdog, one series per model watched since the daemon started.
+  const auto watched = engine.watchdogs();
+  auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
+    if (watched.empty()) return;
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    for (const auto& w : watched) {
+      auto v = value(w);
+      if (v) out += fmt::format("{}{{model=\"{}\"}} {}\n", name, label_value(w.model), *v);
+    }
+  };
+  per_model("modeld_watchdog_restarts_total", "counter", "Restarts of the model's unit by the watchdog.",
+            [](const deploy::WatchdogStatus& w) { return std::optional<double>(static_cast<double>(w.restarts)); });
+  per_model("modeld_watchdog_probe_failures_total", "counter", "Failed watchdog probes of the model's server.",
+            [](const deploy::WatchdogStatus& w) { return std::optional<double>(static_cast<double>(w.probe_failures)); });
+  per_model("modeld_watchdog_consecutive_failures", "gauge", "Failed watchdog probes in a row now.",
+            [](const deploy::WatchdogStatus& w) {
+              return std::optional<double>(static_cast<double>(w.consecutive_failures));
+            });
+  per_model("modeld_readiness_probe_seconds", "gauge", "How long the last watchdog probe took, in seconds.",
+            [](const deploy::WatchdogStatus& w) { return w.last_probe_seconds; });
+
+  // The benchmark of each model's newest deployment that measured one.
+  std::map<std::string, std::pair<double, double>> bench;
+  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
+    if (d.benchmark_ttft_s && d.benchmark_decode_tokens_per_s && !bench.count(d.model))
+      bench[d.model] = {*d.benchmark_ttft_s, *d.benchmark_decode_tokens_per_s};
+  if (!bench.empty()) {
+    out += "# HELP modeld_benchmark_ttft_seconds Time to the first token in the model's last deployment benchmark.\n";
+    out += "# TYPE modeld_benchmark_ttft_seconds gauge\n";
+    for (const auto& [model, b] : bench)
+      out += fmt::format("modeld_benchmark_ttft_seconds{{model=\"{}\"}} {}\n", label_value(model), b.first);
+    out += "# HELP modeld_benchmark_decode_tokens_per_second Decode rate in the model's last deployment benchmark.\n";
+    out += "# TYPE modeld_benchmark_decode_tokens_per_second gauge\n";
+    for (const auto& [model, b] : bench)
+      out += fmt::format("modeld_benchmark_decode_tokens_per_second{{model=\"{}\"}} {}\n", label_value(model),
+                         b.second);
+  }
   return out;
 }
 

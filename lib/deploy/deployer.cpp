@@ -71,7 +71,13 @@ sys::Fields Run::fields() const {
 }
 
 Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
-    : io_(io), services_(std::move(services)), states_(states) {}
+    : Deployer(io, std::move(services), states, Watchdog::Options{}) {}
+
+Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, Watchdog::Options watchdog)
+    : io_(io), services_(std::move(services)), states_(states) {
+  watchdog_ = std::make_unique<Watchdog>(io_, services_, std::move(watchdog));
+  watchdog_->on_change([this] { announce_status(); });
+}
 
 Deployer::~Deployer() = default;
 
@@ -94,6 +100,8 @@ asio::awaitable<void> Deployer::recover() {
     }
   }
   const bool takes_over = unfinished && unfinished->old_stopped;
+  bool watch = false;           // the active model may be watched when no deployment continues
+  bool started_unit = false;    // recover started its unit: readiness comes before the first probe
   if (state_.active && !takes_over) {
     const auto* m = services_.config->find_model(state_.active->model);
     sys::Fields f;
@@ -112,11 +120,13 @@ asio::awaitable<void> Deployer::recover() {
         st = installed.error();
       if (!st) {
         sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
+        watch = true;
       } else if (st->active_state == "active" || st->active_state == "activating" || st->active_state == "reloading") {
         sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit, st->active_state);
         // It serves already: a changed file is reported, not re-hashed under the running server.
         const bool unchanged = co_await files_still_trusted(services_, m->name, state_.active->commit, f, false);
         (void)unchanged;
+        watch = true;
       } else {
         // Never start a checkpoint whose files changed since their verification without re-hashing.
         const bool trusted = co_await files_still_trusted(services_, m->name, state_.active->commit, f, true);
@@ -132,6 +142,9 @@ asio::awaitable<void> Deployer::recover() {
           (void)reset;
           if (auto s = co_await services_.units.start(unit); !s)
             sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
+          else
+            started_unit = true;
+          watch = true;
         }
       }
     }
@@ -159,11 +172,25 @@ asio::awaitable<void> Deployer::recover() {
       begin(std::move(*unfinished), first);
     }
   }
+  if (watch && !running_ && !shutting_down_) watch_active(started_unit);
   announce_status();
+}
+
+void Deployer::watch_active(bool wait_ready_first) {
+  if (!state_.active || shutting_down_ || running_) return;
+  watchdog_->start(state_.active->model, wait_ready_first);
 }
 
 void Deployer::shutdown(std::function<void()> done) {
   shutting_down_ = true;
+  if (watchdog_->running()) {
+    // The watchdog may be in the middle of a restart: it ends first (cancelled, awaited).
+    watchdog_->cancel();
+    asio::co_spawn(io_, watchdog_->stop(), [this, done = std::move(done)](std::exception_ptr) mutable {
+      shutdown(std::move(done));
+    });
+    return;
+  }
   if (!running_) {
     if (done) done();
     return;
@@ -207,6 +234,8 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
   f.message_id = message_id::started;
   sys::logf(sys::Level::notice, f, "deployment {} of model {} started{}", d.id, model,
             d.previous_model ? fmt::format(" (replacing {})", *d.previous_model) : std::string(" (no model active)"));
+  // Never a watchdog restart while a deployment runs: drive() awaits its end before planning.
+  watchdog_->cancel();
   begin(d, Phase::planning);
   return running_->record;
 }
@@ -270,6 +299,7 @@ asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
 asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) {
   Running& r = *rp;
   auto& d = r.record;
+  co_await watchdog_->stop();
   // Planning may put stopping_old first (allow_downtime with a plan that evicts the active
   // model); both orders start with planning, so the order is re-read after it.
   auto order_of = [](bool downtime_first) -> std::vector<Phase> {
@@ -407,6 +437,9 @@ void Deployer::finish(Running& r, State state, std::optional<Error> error) {
   while (history_.size() > 200) history_.pop_back();
   emit("state", d);
   running_.reset();
+  // Whatever serves now is watched again, except after a failed rollback: then nothing known to
+  // work serves, and a loop of restarts would only hide that from the operator.
+  if (!(d.error && d.error->code == Errc::rollback_failed)) watch_active(false);
   announce_status();
 }
 
@@ -495,6 +528,16 @@ std::string Deployer::status_line() const {
                                 : std::string("idle, no model active");
   if (!history_.empty() && history_.front().state != State::succeeded)
     s += fmt::format("; last deployment {} {}", history_.front().id, to_string(history_.front().state));
+  if (state_.active) {
+    auto w = watchdog_->statuses();
+    if (!w.empty() && w.front().model == state_.active->model) {
+      const auto& r = w.front();
+      if (r.state != "watching" || r.restarts > 0 || r.consecutive_failures > 0)
+        s += fmt::format("; watchdog {}, {} restart{}", r.state, r.restarts, r.restarts == 1 ? "" : "s");
+      if (r.consecutive_failures > 0) s += fmt::format(", {} failed probe{} in a row", r.consecutive_failures,
+                                                       r.consecutive_failures == 1 ? "" : "s");
+    }
+  }
   return s;
 }
 
@@ -670,6 +713,8 @@ std::uint64_t Deployer::subscribe(std::function<void(const Event&)> listener) {
 }
 
 void Deployer::unsubscribe(std::uint64_t token) { listeners_.erase(token); }
+
+std::vector<WatchdogStatus> Deployer::watchdogs() const { return watchdog_->statuses(); }
 
 double Deployer::uptime_s() const {
   return std::chrono::duration<double>(Clock::now() - started_).count();

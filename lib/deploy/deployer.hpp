@@ -7,6 +7,7 @@
 #include "deploy/engine.hpp"
 #include "deploy/phases.hpp"
 #include "deploy/state_store.hpp"
+#include "deploy/watchdog.hpp"
 
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
@@ -32,17 +33,20 @@ class Deployer final : public Engine {
  public:
   /// `services` must outlive the Deployer; `states` is its durable store.
   Deployer(boost::asio::io_context& io, Services services, StateStore& states);
+  /// The same with the post-deploy watchdog's timing (backoff) set, for tests.
+  Deployer(boost::asio::io_context& io, Services services, StateStore& states, Watchdog::Options watchdog);
   ~Deployer() override;
 
   /// Loads state.json and the history; io_error when state.json is unreadable.
   Result<void> load();
 
   /// At daemon start: rewrites the active model's drop-in and starts its service if it is not
-  /// running, unless an unfinished deployment takes over, which is then continued.
+  /// running, unless an unfinished deployment takes over, which is then continued. When no
+  /// deployment continues, the watchdog starts watching the active model.
   boost::asio::awaitable<void> recover();
 
-  /// Stops the running deployment for a daemon shutdown, leaving it recorded as running so the
-  /// next start continues it; calls `done` once nothing runs any more.
+  /// Stops the watchdog and the running deployment for a daemon shutdown, leaving the deployment
+  /// recorded as running so the next start continues it; calls `done` once nothing runs any more.
   void shutdown(std::function<void()> done);
 
   /// A one-line summary for sd_notify STATUS=, e.g. "downloading kimi-k2-5: 37% of 547.0 GB, ...".
@@ -62,6 +66,7 @@ class Deployer final : public Engine {
   std::uint64_t subscribe(std::function<void(const Event&)> listener) override;
   void unsubscribe(std::uint64_t token) override;
   double uptime_s() const override;
+  std::vector<WatchdogStatus> watchdogs() const override;
 
  private:
   struct Running;
@@ -72,6 +77,7 @@ class Deployer final : public Engine {
   void persist(const Deployment& d);
   void emit(const std::string& kind, const Deployment& d);
   void announce_status();
+  void watch_active(bool wait_ready_first);
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
@@ -90,6 +96,8 @@ class Deployer final : public Engine {
   bool shutting_down_ = false;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  /// Watches the active model while no deployment runs; declared last so it goes first.
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace modeld::deploy

@@ -102,6 +102,21 @@ struct Removal {
   std::vector<std::string> commits;  ///< revisions deleted
 };
 
+/// The post-deploy watchdog of one model (GET /v1/status "watchdog", GET /metrics).
+struct WatchdogStatus {
+  std::string model;
+  std::string unit;
+  std::string state = "stopped";  ///< "watching", "restarting", "backoff" or "stopped"
+  unsigned consecutive_failures = 0;  ///< failed probes in a row now
+  std::uint64_t restarts = 0;         ///< restarts by the watchdog since the daemon started
+  std::uint64_t probe_failures = 0;   ///< failed probes since the daemon started
+  std::optional<std::string> last_restart_at;      ///< RFC 3339
+  std::optional<std::string> last_restart_reason;  ///< the probe's answer, or the unit's state and exit
+  std::optional<std::string> last_probe_at;        ///< RFC 3339
+  std::optional<bool> last_probe_ok;
+  std::optional<double> last_probe_seconds;  ///< how long the last probe took, in seconds
+};
+
 /// What the control plane may ask of the deployment engine. All calls happen on the
 /// io_context thread.
 class Engine {
@@ -143,6 +158,10 @@ class Engine {
   virtual void unsubscribe(std::uint64_t token) = 0;
   /// Seconds since the daemon started.
   virtual double uptime_s() const = 0;
+  /// The watchdog's records: the model watched now (or last) first, then every other model
+  /// watched since the daemon started; empty when nothing was watched. Not pure, so engines
+  /// without a watchdog (test fakes) need not implement it.
+  virtual std::vector<WatchdogStatus> watchdogs() const { return {}; }
 };
 
 }  // namespace modeld::deploy

@@ -6,6 +6,8 @@
 #include "util/files.hpp"
 #include "util/units.hpp"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,10 +24,6 @@ Result<void> read_api_key(const config::ModelConfig& model, std::optional<std::s
   return {};
 }
 
-namespace {
-// The longest gap between two "loading" lines in modeld's journal while a server loads.
-constexpr std::chrono::milliseconds kProgressEvery = std::chrono::seconds(30);
-
 Result<health::Target> target_of(const config::ModelConfig& m) {
   health::Target t;
   t.port = m.serve.port;
@@ -36,6 +34,11 @@ Result<health::Target> target_of(const config::ModelConfig& m) {
   if (auto r = read_api_key(m, t.api_key); !r) return r.error();
   return t;
 }
+
+namespace {
+// The longest gap between two "loading" lines in modeld's journal while a server loads.
+constexpr std::chrono::milliseconds kProgressEvery = std::chrono::seconds(30);
+
 
 std::string_view step_name(health::Step s) {
   switch (s) {
@@ -70,7 +73,15 @@ boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config:
           : kProgressEvery;
   // The unit's own journal lines of its current run; the time bound only matters when systemd
   // reports no invocation ID, and reaches back over the launch just before.
-  options.output = health::journal_output(s.disk_pool, unit, std::chrono::system_clock::now() - std::chrono::seconds(5));
+  // The process backend's servers write to journald under their own identifier from modeld's unit.
+  const bool by_identifier = s.config->daemon.service_manager == "process";
+  std::string identifier = by_identifier ? unit.substr(0, unit.size() - std::string_view(".service").size()) : "";
+  // Without journald (a container), the process backend's servers write to modeld's own output:
+  // there is nothing to read, so no stall detection either.
+  if (!by_identifier || ::access("/run/systemd/journal/stdout", F_OK) == 0)
+    options.output = health::journal_output(s.disk_pool, unit,
+                                            std::chrono::system_clock::now() - std::chrono::seconds(5), 10, {},
+                                            std::move(identifier));
   options.on_step = [&](health::Step step, const std::string& detail) {
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
     sys::Fields f = fields;

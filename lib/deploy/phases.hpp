@@ -27,6 +27,7 @@
 namespace modeld::http { class Client; }
 namespace modeld::units { class ServiceManager; }
 namespace modeld::fetch { struct Progress; }
+namespace modeld::health { struct Target; }
 
 namespace modeld::deploy {
 
@@ -152,6 +153,11 @@ std::string render_dropin(const config::ModelConfig& model, const std::filesyste
 
 /// Writes the model's drop-in into unit_dir and reloads systemd.
 boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::ModelConfig& model);
+
+/// What readiness and the watchdog probe for `model`: its port, health and models paths, served
+/// name, whether a completion is needed, and the API key from api_key_file (io_error naming the
+/// file, never its content).
+Result<health::Target> target_of(const config::ModelConfig& model);
 
 /// Reads the model's health API key from api_key_file (first line, trimmed) into `key`; leaves
 /// it empty when no file is configured; io_error naming the file (never its content) otherwise.

@@ -145,19 +145,21 @@ awaitable<Result<void>> probe_once(http::Client& client, const Target& target) {
 }
 
 OutputReader journal_output(asio::thread_pool& pool, std::string unit, std::chrono::system_clock::time_point since,
-                            std::size_t lines, std::filesystem::path directory) {
+                            std::size_t lines, std::filesystem::path directory, std::string identifier) {
   // The open journal is shared by the copies of the reader and used by one pool job at a time:
   // wait_ready() awaits each read before it starts the next.
   auto journal = std::make_shared<std::unique_ptr<sys::UnitJournal>>();
   // Not a coroutine itself: GCC 12 miscompiles lambdas with captures made inside a coroutine
   // lambda (their captures are destroyed twice), so the pool job is built in plain code.
-  return [&pool, unit = std::move(unit), since, lines, directory = std::move(directory),
+  return [&pool, unit = std::move(unit), since, lines, directory = std::move(directory), identifier = std::move(identifier),
           journal](const units::UnitStatus& status) {
-    auto job = [unit, since, lines, directory, journal,
-                invocation = status.invocation_id]() -> Result<sys::UnitOutput> {
+    // By identifier, the invocation is not in the journal: one query for the whole wait.
+    auto job = [unit, since, lines, directory, identifier, journal,
+                invocation = identifier.empty() ? status.invocation_id : std::string()]() -> Result<sys::UnitOutput> {
       if (!*journal || (*journal)->query().invocation_id != invocation) {
         sys::UnitJournalQuery q;
         q.unit = unit;
+        q.identifier = identifier;
         q.invocation_id = invocation;
         if (invocation.empty()) q.since = since;
         q.lines = lines;

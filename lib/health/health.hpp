@@ -59,10 +59,11 @@ using OutputReader = std::function<boost::asio::awaitable<Result<sys::UnitOutput
 /// opens the journal at its first read and again when the unit's invocation changes. Lines are of
 /// the unit's current invocation, or, when the unit reports no invocation ID, not older than
 /// `since`. At most `lines` lines, each cut at 300 bytes. `directory`: the journal files in
-/// that folder instead of the local journal (for tests).
+/// that folder instead of the local journal (for tests). `identifier` not empty: lines whose
+/// SYSLOG_IDENTIFIER is `identifier`, not older than `since` (the process backend's servers).
 OutputReader journal_output(boost::asio::thread_pool& pool, std::string unit,
                             std::chrono::system_clock::time_point since, std::size_t lines = 10,
-                            std::filesystem::path directory = {});
+                            std::filesystem::path directory = {}, std::string identifier = {});
 
 /// What wait_ready() tells about a server that is not ready yet.
 struct Progress {

@@ -747,8 +747,11 @@ awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
       }
       // Hand a block over when it is full, when the body is complete, or when nothing more is
       // waiting on the socket (an event stream must not be held back until 1 MiB has arrived).
+      // Bytes left in `buffer` do not count: with chunked encoding the CRLF closing each chunk
+      // stays there until the next chunk arrives, so waiting for an empty buffer would hold
+      // every token of a stream until its end. The sink accepts any split.
       error_code aec;
-      bool idle = buffer.size() == 0 && lowest.socket().available(aec) == 0;
+      bool idle = lowest.socket().available(aec) == 0;
       if (filled == block.size() || parser.is_done() || (filled > 0 && idle))
         if (auto r = co_await deliver(); !r) co_return r.error();
     }

@@ -64,9 +64,9 @@ Result<std::unique_ptr<UnitJournal::Handle>> UnitJournal::open_handle(const Unit
     h->j = nullptr;
     return make_error(Errc::io_error, fmt::format("cannot open {} to read {}'s lines: {}", where(q), q.unit, why(r)));
   }
-  std::string unit_match = "_SYSTEMD_UNIT=" + q.unit;
+  std::string unit_match = q.identifier.empty() ? "_SYSTEMD_UNIT=" + q.unit : "SYSLOG_IDENTIFIER=" + q.identifier;
   r = sd_journal_add_match(h->j, unit_match.data(), unit_match.size());
-  if (r >= 0 && !q.invocation_id.empty()) {
+  if (r >= 0 && q.identifier.empty() && !q.invocation_id.empty()) {
     std::string inv = "_SYSTEMD_INVOCATION_ID=" + q.invocation_id;
     r = sd_journal_add_match(h->j, inv.data(), inv.size());
   }

@@ -20,6 +20,9 @@ namespace modeld::sys {
 struct UnitJournalQuery {
   std::string unit;           ///< matched as _SYSTEMD_UNIT (the unit's own stdout/stderr and syslog lines)
   std::string invocation_id;  ///< 32 hex digits: only this run of the unit (_SYSTEMD_INVOCATION_ID); empty: any
+  /// Not empty: match SYSLOG_IDENTIFIER=identifier instead of the unit and invocation (the
+  /// process backend's servers write to journald as "modeld-serve@NAME" from modeld's own unit).
+  std::string identifier;
   /// Entries older than this are left out (realtime); a journal shared by several boots of a
   /// namespaced systemd holds earlier runs' lines of the same unit. Unset: no lower bound.
   std::optional<std::chrono::system_clock::time_point> since;

@@ -1,7 +1,8 @@
 #pragma once
 // The service manager seam: start, stop and query units, write drop-ins and reload. The systemd
 // backend talks to org.freedesktop.systemd1 over sd-bus (the only place in lib/ besides lib/sys
-// that uses libsystemd); tests may substitute a fake.
+// that uses libsystemd); the process backend (process.cpp) runs the servers as modeld's own
+// children, for hosts without systemd as PID 1; tests may substitute a fake.
 
 #include "util/error.hpp"
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace modeld::units {
@@ -65,6 +67,50 @@ Result<void> write_dropin_file(const std::filesystem::path& unit_dir, const std:
 /// Throws std::runtime_error when the system bus cannot be opened.
 std::unique_ptr<ServiceManager> make_systemd_manager(boost::asio::any_io_executor executor,
                                                      std::filesystem::path unit_dir);
+
+/// What the process backend runs for a unit: the [Service] settings of its drop-ins that it
+/// honours (ExecStart=, WorkingDirectory=, Environment=, TimeoutStopSec=); others are ignored.
+struct ProcessSpec {
+  /// ExecStart= split into words, quotes and specifiers resolved; `$$`, `${VAR}` and `$VAR` are
+  /// left for exec_argv(), as systemd expands them against the unit's environment at exec time.
+  std::vector<std::string> argv;             ///< empty: nothing to run
+  std::filesystem::path working_directory;   ///< empty: the daemon's own
+  /// Environment= assignments in order ("KEY=VALUE"); a later one for the same KEY wins.
+  std::vector<std::string> environment;
+  std::chrono::milliseconds stop_timeout = std::chrono::seconds(90);  ///< systemd's default
+};
+
+/// Applies one drop-in's [Service] section to `spec` the way systemd merges drop-ins: an empty
+/// ExecStart= or Environment= clears what earlier drop-ins set. Understands systemd's quoting
+/// ("..." and '...' with C escapes), the specifiers %% %i %I %n %N, $$ and ${VAR}/$VAR taken
+/// from Environment=, and time spans ("30s", "5min", "1h 2min", "infinity", plain seconds).
+/// config_invalid naming `unit` and the line for a setting it cannot parse.
+Result<void> apply_dropin(ProcessSpec& spec, std::string_view content, const std::string& unit);
+
+/// `spec.argv` with `$$` turned into `$` and `${VAR}` / `$VAR` replaced by the value of VAR in
+/// `environment` ("KEY=VALUE" strings, a later KEY winning; an unset VAR gives "").
+std::vector<std::string> exec_argv(const ProcessSpec& spec, const std::vector<std::string>& environment);
+
+/// Options of the process backend.
+struct ProcessManagerOptions {
+  /// Where a small record per running unit (PID, start time, boot ID, invocation ID) is kept so
+  /// that a restarted modeld re-adopts the servers its predecessor started; empty: no records.
+  std::filesystem::path record_dir;
+  /// Send the servers' stdout and stderr to journald (identifier "modeld-serve@NAME") when its
+  /// stream socket answers; otherwise, or when false, they inherit the daemon's.
+  bool journal = true;
+};
+
+/// The process backend for hosts without systemd as PID 1 (containers): each unit's server runs
+/// as a child of modeld in its own session and process group (setsid), stdin /dev/null, with the
+/// drop-in's environment plus the daemon's PATH. Exits are noticed through a pidfd on the event
+/// loop (Linux >= 5.3); stop sends SIGTERM+SIGCONT to the group, then SIGKILL after
+/// TimeoutStopSec; pids() lists the group's members (a process that calls setsid() itself leaves
+/// the group and is not seen). Servers outlive modeld and are re-adopted from
+/// `options.record_dir` by the next one. Must be created and used on `executor`'s thread.
+/// Opens no bus connection. Throws std::runtime_error when record_dir cannot be created.
+std::unique_ptr<ServiceManager> make_process_manager(boost::asio::any_io_executor executor,
+                                                     ProcessManagerOptions options);
 
 /// Polls status() until the unit is inactive or failed (every 200 ms), up to `timeout`;
 /// stop_timeout naming the unit and its state otherwise; cancelled when the caller is cancelled.

@@ -320,3 +320,146 @@ Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class ProcessModeld:
+    """modeld run directly as a child of the test (no systemd: no NOTIFY_SOCKET, no D-Bus) with
+    [daemon] service_manager = "process", the bundled hub, and its model servers as modeld's own
+    children; use as a context manager. Its output (and, without journald, its servers') goes to
+    WORKDIR/modeld.log."""
+
+    def __init__(self, workdir: Path, hub_args: list[str] | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.repos = self.workdir / "repos"
+        self.models_dir = self.workdir / "models"
+        self.state_dir = self.workdir / "state"
+        self.records = self.state_dir / "processes"
+        self.socket = self.workdir / "modeld.sock"
+        self.config = self.workdir / "modeld.toml"
+        self.log_path = self.workdir / "modeld.log"
+        self.hub_args = hub_args or []
+        self.hub: Hub | None = None
+        self.proc: subprocess.Popen | None = None
+        self.modeld = BUILD_DIR / "modeld"
+        self.modelctl_bin = BUILD_DIR / "modelctl"
+
+    def add_repo(self, repo: str, *, shards: int = 3, shard_size: int = 256 * 1024, seed: int = 0) -> Path:
+        out = self.repos / repo
+        make_checkpoint.make_checkpoint(str(out), shards, shard_size, seed)
+        return out
+
+    def write_config(self, model_tables: str, service_manager: str = "process") -> None:
+        self.config.write_text(f"""
+[daemon]
+models_dir = "{self.models_dir}"
+state_dir = "{self.state_dir}"
+socket = "{self.socket}"
+disk_reserve = "0"
+service_manager = "{service_manager}"
+
+[control]
+group = "root"
+
+[hub]
+endpoint = "{self.hub.endpoint}"
+parallel_files = 4
+{model_tables}
+""")
+
+    def start(self, model_tables: str):
+        self.repos.mkdir(parents=True, exist_ok=True)
+        self.hub = Hub(self.repos, self.workdir, self.hub_args)
+        self.write_config(model_tables)
+        self.start_modeld()
+        return self
+
+    def start_modeld(self) -> None:
+        """Starts modeld (again) and waits until its control socket answers."""
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                            "JOURNAL_STREAM", "INVOCATION_ID", "HF_TOKEN")}
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(self.modeld), "--config", str(self.config)], stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        log.close()
+
+        def answers():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"modeld exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            return self.modelctl("status").returncode == 0
+
+        wait_for("modeld's control socket", answers, timeout=60)
+
+    def stop_modeld(self) -> int:
+        """SIGTERM to modeld; returns its exit status (its servers keep running, by design)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def modelctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def deploy_and_wait(self, model: str, expect_exit: int = 0) -> dict:
+        r = self.modelctl("deploy", model, "--wait")
+        assert r.returncode == expect_exit, f"exit {r.returncode}, expected {expect_exit}:\n{r.stdout}{r.stderr}"
+        return self.status()["deployment"]
+
+    def status(self) -> dict:
+        r = self.modelctl("--json", "status")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def server_pid(self, model: str) -> int | None:
+        """The PID (= process group) of model's server from modeld's record, None without one."""
+        record = self.records / f"modeld-serve@{model}.service"
+        try:
+            return int(record.read_text().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+
+    def stop(self):
+        try:
+            self.stop_modeld()
+        finally:
+            # The servers outlive modeld by design: end every group modeld recorded.
+            if self.records.is_dir():
+                for record in self.records.iterdir():
+                    try:
+                        os.killpg(int(record.read_text().split()[0]), signal.SIGKILL)
+                    except (ValueError, IndexError, ProcessLookupError, PermissionError):
+                        pass
+            if self.hub:
+                self.hub.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def process_group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes whose process group is `pgid`, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(entry))
+    return out

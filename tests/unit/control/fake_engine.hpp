@@ -42,6 +42,7 @@ class FakeEngine : public deploy::Engine {
   Result<deploy::VerifyReport> verify_result = deploy::VerifyReport{};
   Result<deploy::Removal> remove_result = deploy::Removal{};
   std::vector<std::string> asked;  // "plan NAME true", "verify NAME", "remove NAME"
+  std::vector<deploy::WatchdogStatus> watched;  // what watchdogs() answers
 
   std::optional<deploy::Active> active() const override { return active_model; }
   std::optional<deploy::Deployment> current() const override {
@@ -112,6 +113,7 @@ class FakeEngine : public deploy::Engine {
     listener_count = listeners.size();
   }
   double uptime_s() const override { return 12.5; }
+  std::vector<deploy::WatchdogStatus> watchdogs() const override { return watched; }
 
   /// Sends `e` to every listener (call on the io thread).
   void emit(const deploy::Event& e) {

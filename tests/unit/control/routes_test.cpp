@@ -50,7 +50,59 @@ TEST_CASE("status reports the daemon and nulls when nothing is active or was dep
   CHECK(j["daemon"]["version"] == MODELD_VERSION);
   CHECK(j["daemon"]["uptime_s"] == 12.5);
   CHECK(j["active"].is_null());
+  CHECK(j["watchdog"].is_null());
   CHECK(j["deployment"].is_null());
+}
+
+namespace {
+
+deploy::WatchdogStatus restarted_watchdog(std::string model) {
+  deploy::WatchdogStatus w;
+  w.model = model;
+  w.unit = "modeld-serve@" + model + ".service";
+  w.state = "backoff";
+  w.consecutive_failures = 2;
+  w.restarts = 3;
+  w.probe_failures = 7;
+  w.last_restart_at = "2026-11-29T19:10:00Z";
+  w.last_restart_reason = "modeld-serve@" + model + ".service left the active state: it is inactive (dead)";
+  w.last_probe_at = "2026-11-29T19:11:00Z";
+  w.last_probe_ok = false;
+  w.last_probe_seconds = 0.25;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("status shows the active model's watchdog with its counters and last restart") {
+  FakeEngine e;
+  e.active_model = deploy::Active{"llama", "abc123", "modeld-serve@llama.service", 8000, "2026-11-29T19:00:00Z"};
+  e.watched = {restarted_watchdog("llama"), restarted_watchdog("kimi-k2-5")};
+  auto w = body_of(call(e, "GET", "/v1/status"))["watchdog"];
+  CHECK(w["model"] == "llama");
+  CHECK(w["state"] == "backoff");
+  CHECK(w["consecutive_failures"] == 2);
+  CHECK(w["restarts"] == 3);
+  CHECK(w["last_restart_at"] == "2026-11-29T19:10:00Z");
+  CHECK(w["last_restart_reason"] == "modeld-serve@llama.service left the active state: it is inactive (dead)");
+  CHECK(w["last_probe_at"] == "2026-11-29T19:11:00Z");
+  CHECK(w["last_probe_ok"] == false);
+
+  SECTION("a watchdog that never restarted or probed has nulls") {
+    deploy::WatchdogStatus fresh;
+    fresh.model = "llama";
+    fresh.state = "watching";
+    e.watched = {fresh};
+    w = body_of(call(e, "GET", "/v1/status"))["watchdog"];
+    CHECK(w["state"] == "watching");
+    CHECK(w["restarts"] == 0);
+    for (const char* key : {"last_restart_at", "last_restart_reason", "last_probe_at", "last_probe_ok"})
+      CHECK(w[key].is_null());
+  }
+  SECTION("a watchdog of another model than the active one is not shown") {
+    e.watched = {restarted_watchdog("kimi-k2-5")};
+    CHECK(body_of(call(e, "GET", "/v1/status"))["watchdog"].is_null());
+  }
 }
 
 TEST_CASE("status reports the active model and the current deployment") {
@@ -270,6 +322,46 @@ TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") 
            line.rfind("modeld_", 0) == 0));
     start = end + 1;
   }
+}
+
+TEST_CASE("metrics carry the watchdog's counters per model and the last benchmark of each model") {
+  FakeEngine e;
+  e.active_model = deploy::Active{"llama", "abc", "modeld-serve@llama.service", 8000, "x"};
+  auto older = restarted_watchdog("kimi-k2-5");
+  older.last_probe_seconds.reset();
+  e.watched = {restarted_watchdog("llama"), older};
+  auto bench = [](std::string id, std::string model, double ttft, double rate) {
+    auto d = make_deployment(std::move(id), std::move(model), deploy::State::succeeded);
+    d.benchmark_ttft_s = ttft;
+    d.benchmark_decode_tokens_per_s = rate;
+    return d;
+  };
+  e.deployments = {bench("d3", "llama", 0.125, 80.5), make_deployment("d2", "llama", deploy::State::failed),
+                   bench("d1", "llama", 9, 1)};
+  const auto t = call(e, "GET", "/metrics").body;
+  for (const char* family : {"modeld_watchdog_restarts_total counter", "modeld_watchdog_probe_failures_total counter",
+                             "modeld_watchdog_consecutive_failures gauge", "modeld_readiness_probe_seconds gauge",
+                             "modeld_benchmark_ttft_seconds gauge", "modeld_benchmark_decode_tokens_per_second gauge"}) {
+    CAPTURE(family);
+    CHECK_THAT(t, Catch::Contains(std::string("# TYPE ") + family + "\n"));
+    CHECK_THAT(t, Catch::Contains(std::string("# HELP ") + std::string(family).substr(0, std::string(family).find(' '))));
+  }
+  CHECK_THAT(t, Catch::Contains("modeld_watchdog_restarts_total{model=\"llama\"} 3\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_watchdog_restarts_total{model=\"kimi-k2-5\"} 3\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_watchdog_probe_failures_total{model=\"llama\"} 7\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_watchdog_consecutive_failures{model=\"llama\"} 2\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_readiness_probe_seconds{model=\"llama\"} 0.25\n"));
+  CHECK(t.find("modeld_readiness_probe_seconds{model=\"kimi-k2-5\"}") == std::string::npos);
+  // The newest measurement of the model, not an older one.
+  CHECK_THAT(t, Catch::Contains("modeld_benchmark_ttft_seconds{model=\"llama\"} 0.125\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_benchmark_decode_tokens_per_second{model=\"llama\"} 80.5\n"));
+}
+
+TEST_CASE("metrics leave out watchdog and benchmark families when there is nothing to report") {
+  FakeEngine e;
+  const auto t = call(e, "GET", "/metrics").body;
+  CHECK(t.find("modeld_watchdog_") == std::string::npos);
+  CHECK(t.find("modeld_benchmark_") == std::string::npos);
 }
 
 TEST_CASE("metrics leave out the active model info when nothing serves") {

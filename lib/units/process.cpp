@@ -1,0 +1,936 @@
+// The process backend of ServiceManager: for hosts without systemd as PID 1 (containers), the
+// model servers run as modeld's own children, each in its own session and process group.
+//
+// What to run comes from the drop-ins modeld writes for systemd (render_dropin in
+// lib/deploy/launch.cpp): write_dropin() parses them instead of writing files, so the deployment
+// phases do not know which backend they talk to.
+//
+// Exits are noticed through a pidfd per main process, watched on the event loop: no thread and
+// no SIGCHLD handler, so nothing else in modeld that waits for its own children is disturbed.
+// Only when modeld is PID 1 (a container without an init) does a SIGCHLD handler reap every
+// child, because orphaned workers of a server are then reparented to modeld and would stay
+// zombies otherwise.
+//
+// A unit's state mirrors what systemd reports for a Type=exec service with
+// KillMode=control-group: active while the main process runs; deactivating while processes of
+// its group remain after a stop or after the main process ended; then inactive (exit 0, or
+// SIGTERM/SIGINT/SIGHUP/SIGPIPE, which systemd counts as clean) or failed (result "exit-code",
+// "signal", "core-dump", or "timeout" when SIGKILL was needed). Whether the group is empty is
+// checked when someone asks (status(), pids()), never by a polling thread.
+//
+// Servers outlive modeld, as under systemd a modeld restart must not stop the model: a record per
+// running unit (PID, start time, boot ID) lets the next modeld re-adopt it. A re-adopted server
+// is not modeld's child, so its exit status is unknown (result "unknown") unless modeld is PID 1.
+
+#include "units/service_manager.hpp"
+
+#include "sys/log.hpp"
+#include "util/files.hpp"
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <fmt/format.h>
+#include <systemd/sd-journal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <optional>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <syslog.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace modeld::units {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// Drop-in parsing
+
+namespace {
+
+constexpr auto kInfinity = std::chrono::milliseconds::max();
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// One C escape after a backslash at s[i] (systemd's cunescape); advances i past it.
+Result<void> unescape(std::string_view s, std::size_t& i, std::string& out) {
+  if (i + 1 >= s.size()) return make_error(Errc::config_invalid, "a backslash ends the value");
+  char c = s[++i];
+  switch (c) {
+    case 'a': out += '\a'; break;
+    case 'b': out += '\b'; break;
+    case 'f': out += '\f'; break;
+    case 'n': out += '\n'; break;
+    case 'r': out += '\r'; break;
+    case 't': out += '\t'; break;
+    case 'v': out += '\v'; break;
+    case 's': out += ' '; break;
+    case '\\': case '"': case '\'': out += c; break;
+    case 'x': {
+      int hi = i + 1 < s.size() ? hex_value(s[i + 1]) : -1;
+      int lo = i + 2 < s.size() ? hex_value(s[i + 2]) : -1;
+      if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+        return make_error(Errc::config_invalid, "invalid \\x escape");
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+      break;
+    }
+    default:
+      if (c >= '0' && c <= '7' && i + 2 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7' && s[i + 2] >= '0' &&
+          s[i + 2] <= '7') {
+        int v = (c - '0') * 64 + (s[i + 1] - '0') * 8 + (s[i + 2] - '0');
+        if (v == 0 || v > 255) return make_error(Errc::config_invalid, "invalid octal escape");
+        out += static_cast<char>(v);
+        i += 2;
+        break;
+      }
+      return make_error(Errc::config_invalid, fmt::format("unknown escape \\{}", c));
+  }
+  return {};
+}
+
+// Splits a value into words the way systemd's extract_first_word(UNQUOTE|CUNESCAPE) does:
+// whitespace separates words, "..." and '...' may appear anywhere in a word, backslash escapes
+// work inside and outside quotes.
+Result<std::vector<std::string>> split_words(std::string_view s) {
+  std::vector<std::string> words;
+  std::size_t i = 0;
+  while (true) {
+    while (i < s.size() && is_space(s[i])) ++i;
+    if (i >= s.size()) break;
+    std::string word;
+    char quote = 0;
+    for (; i < s.size(); ++i) {
+      char c = s[i];
+      if (quote) {
+        if (c == quote) quote = 0;
+        else if (c == '\\') {
+          if (auto r = unescape(s, i, word); !r) return r.error();
+        } else word += c;
+      } else if (is_space(c)) {
+        break;
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '\\') {
+        if (auto r = unescape(s, i, word); !r) return r.error();
+      } else {
+        word += c;
+      }
+    }
+    if (quote) return make_error(Errc::config_invalid, fmt::format("unterminated {} quote", quote));
+    words.push_back(std::move(word));
+  }
+  return words;
+}
+
+// Resolves the specifiers modeld may write (%% always; %i %I %n %N for a template's instance).
+Result<std::string> specifiers(std::string_view s, const std::string& unit) {
+  std::string instance;
+  if (auto at = unit.find('@'); at != std::string::npos) {
+    auto dot = unit.rfind('.');
+    instance = unit.substr(at + 1, dot == std::string::npos || dot < at ? std::string::npos : dot - at - 1);
+  }
+  std::string prefix_name = unit.substr(0, unit.rfind('.') == std::string::npos ? unit.size() : unit.rfind('.'));
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 1 >= s.size()) return make_error(Errc::config_invalid, "a '%' ends the value");
+    switch (s[++i]) {
+      case '%': out += '%'; break;
+      case 'i': case 'I': out += instance; break;
+      case 'n': out += unit; break;
+      case 'N': out += prefix_name; break;
+      default: return make_error(Errc::config_invalid, fmt::format("unsupported specifier %{}", s[i]));
+    }
+  }
+  return out;
+}
+
+// A systemd time span ("30s", "5min", "1h 2min", "1.5s", "infinity"; a bare number is seconds;
+// 0 disables the timeout like infinity).
+Result<std::chrono::milliseconds> parse_timespan(std::string_view v) {
+  v = trim(v);
+  if (v == "infinity") return kInfinity;
+  if (v.empty()) return make_error(Errc::config_invalid, "empty time span");
+  static const std::pair<std::string_view, double> kUnits[] = {
+      {"usec", 1e-3}, {"us", 1e-3}, {"msec", 1}, {"ms", 1}, {"seconds", 1e3}, {"second", 1e3},
+      {"sec", 1e3}, {"s", 1e3}, {"minutes", 6e4}, {"minute", 6e4}, {"min", 6e4}, {"months", 2629800e3},
+      {"month", 2629800e3}, {"M", 2629800e3}, {"m", 6e4}, {"hours", 3.6e6}, {"hour", 3.6e6}, {"hr", 3.6e6},
+      {"h", 3.6e6}, {"days", 8.64e7}, {"day", 8.64e7}, {"d", 8.64e7}, {"weeks", 6.048e8}, {"week", 6.048e8},
+      {"w", 6.048e8}, {"years", 31557600e3}, {"year", 31557600e3}, {"y", 31557600e3}};
+  double total = 0;
+  std::size_t i = 0;
+  while (i < v.size()) {
+    while (i < v.size() && is_space(v[i])) ++i;
+    if (i >= v.size()) break;
+    std::size_t start = i;
+    while (i < v.size() && ((v[i] >= '0' && v[i] <= '9') || v[i] == '.')) ++i;
+    if (i == start) return make_error(Errc::config_invalid, fmt::format("invalid time span \"{}\"", v));
+    double n = 0;
+    try {
+      n = std::stod(std::string(v.substr(start, i - start)));
+    } catch (const std::exception&) {
+      return make_error(Errc::config_invalid, fmt::format("invalid time span \"{}\"", v));
+    }
+    while (i < v.size() && is_space(v[i])) ++i;
+    std::size_t ustart = i;
+    while (i < v.size() && ((v[i] >= 'a' && v[i] <= 'z') || (v[i] >= 'A' && v[i] <= 'Z'))) ++i;
+    std::string_view unit = v.substr(ustart, i - ustart);
+    double factor = 0;
+    if (unit.empty()) factor = 1e3;
+    for (const auto& [name, f] : kUnits)
+      if (name == unit) factor = f;
+    if (factor == 0) return make_error(Errc::config_invalid, fmt::format("unknown time unit \"{}\" in \"{}\"", unit, v));
+    total += n * factor;
+  }
+  if (total <= 0) return kInfinity;
+  if (total >= 9e15) return kInfinity;
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(total)));
+}
+
+}  // namespace
+
+Result<void> apply_dropin(ProcessSpec& spec, std::string_view content, const std::string& unit) {
+  ProcessSpec out = spec;
+  std::string section;
+  int number = 0;
+  std::size_t pos = 0;
+  while (pos < content.size()) {
+    // A line ending in a backslash continues on the next one, joined by a space (systemd.syntax).
+    std::string line;
+    int first = number + 1;
+    while (pos < content.size()) {
+      auto nl = content.find('\n', pos);
+      std::string_view part = content.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+      pos = nl == std::string_view::npos ? content.size() : nl + 1;
+      ++number;
+      if (!part.empty() && part.back() == '\r') part.remove_suffix(1);
+      if (!part.empty() && part.back() == '\\') {
+        line.append(part.substr(0, part.size() - 1));
+        line += ' ';
+        continue;
+      }
+      line.append(part);
+      break;
+    }
+    auto where = [&](std::string_view message) {
+      return make_error(Errc::config_invalid, fmt::format("drop-in of {}, line {}: {}", unit, first, message));
+    };
+    std::string_view l = trim(line);
+    if (l.empty() || l.front() == '#' || l.front() == ';') continue;
+    if (l.front() == '[') {
+      if (l.back() != ']') return where("a section header without ']'");
+      section = std::string(l.substr(1, l.size() - 2));
+      continue;
+    }
+    auto eq = l.find('=');
+    if (eq == std::string_view::npos) return where(fmt::format("\"{}\" is not KEY=VALUE", l));
+    std::string_view key = trim(l.substr(0, eq));
+    std::string_view value = trim(l.substr(eq + 1));
+    if (section != "Service") continue;
+    if (key == "ExecStart") {
+      if (value.empty()) {
+        out.argv.clear();
+        continue;
+      }
+      // Prefixes that change how systemd runs the command; '-' (ignore the exit status) and
+      // the privilege ones have no meaning here.
+      while (!value.empty() && (value.front() == '-' || value.front() == '@' || value.front() == ':' ||
+                                value.front() == '+' || value.front() == '!'))
+        value.remove_prefix(1);
+      auto words = split_words(value);
+      if (!words) return where("ExecStart=: " + words.error().message);
+      if (words->empty()) return where("ExecStart= names no program");
+      if (!out.argv.empty()) return where("a second ExecStart= (a Type=exec service runs one command)");
+      std::vector<std::string> argv;
+      for (const auto& w : *words) {
+        auto s = specifiers(w, unit);
+        if (!s) return where("ExecStart=: " + s.error().message);
+        argv.push_back(std::move(*s));
+      }
+      out.argv = std::move(argv);
+    } else if (key == "WorkingDirectory") {
+      // The rest of the line is the path, without quotes; '-' makes a missing folder no error.
+      if (!value.empty() && value.front() == '-') value.remove_prefix(1);
+      if (value.empty()) {
+        out.working_directory.clear();
+        continue;
+      }
+      auto s = specifiers(value, unit);
+      if (!s) return where("WorkingDirectory=: " + s.error().message);
+      if (s->front() != '/') return where(fmt::format("WorkingDirectory={} is not an absolute path", *s));
+      out.working_directory = *s;
+    } else if (key == "Environment") {
+      if (value.empty()) {
+        out.environment.clear();
+        continue;
+      }
+      auto words = split_words(value);
+      if (!words) return where("Environment=: " + words.error().message);
+      for (const auto& w : *words) {
+        auto s = specifiers(w, unit);
+        if (!s) return where("Environment=: " + s.error().message);
+        auto e = s->find('=');
+        if (e == std::string::npos || e == 0) return where(fmt::format("Environment=: \"{}\" is not KEY=VALUE", *s));
+        // '$' has no special meaning in Environment= (systemd.exec(5)): kept as written.
+        out.environment.push_back(std::move(*s));
+      }
+    } else if (key == "TimeoutStopSec" || key == "TimeoutSec") {
+      auto t = parse_timespan(value);
+      if (!t) return where(std::string(key) + "=: " + t.error().message);
+      out.stop_timeout = *t;
+    }
+    // Every other setting (TimeoutStartSec= included: modeld enforces startup_timeout itself) is
+    // systemd's business and has no meaning here.
+  }
+  spec = std::move(out);
+  return {};
+}
+
+std::vector<std::string> exec_argv(const ProcessSpec& spec, const std::vector<std::string>& environment) {
+  std::map<std::string, std::string, std::less<>> env;
+  for (const auto& kv : environment) {
+    auto e = kv.find('=');
+    if (e != std::string::npos) env[kv.substr(0, e)] = kv.substr(e + 1);
+  }
+  auto lookup = [&](std::string_view name) -> std::string {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  auto name_char = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  };
+  std::vector<std::string> out;
+  for (const auto& w : spec.argv) {
+    std::string r;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      if (w[i] != '$' || i + 1 >= w.size()) {
+        r += w[i];
+      } else if (w[i + 1] == '$') {
+        r += '$';
+        ++i;
+      } else if (w[i + 1] == '{') {
+        auto close = w.find('}', i + 2);
+        if (close == std::string::npos) {
+          r += w.substr(i);
+          break;
+        }
+        r += lookup(std::string_view(w).substr(i + 2, close - i - 2));
+        i = close;
+      } else if (i == 0 && std::all_of(w.begin() + 1, w.end(), name_char)) {
+        // "$VAR" as a whole word (systemd would split its value into words; a model's command
+        // never relies on that, so it stays one word).
+        r = lookup(std::string_view(w).substr(1));
+        break;
+      } else {
+        r += w[i];
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The manager
+
+namespace {
+
+// /proc/PID/stat fields after the command name: state (field 3), pgrp (5), starttime (22).
+struct ProcStat {
+  char state = '?';
+  pid_t pgrp = 0;
+  std::uint64_t starttime = 0;
+};
+
+std::optional<ProcStat> proc_stat(pid_t pid) {
+  auto text = util::read_file(fmt::format("/proc/{}/stat", pid), 4096);
+  if (!text) return std::nullopt;
+  // The command name (field 2) may hold spaces and parentheses: the fields resume after the last ')'.
+  auto close = text->rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::vector<std::string_view> fields;
+  std::string_view rest = std::string_view(*text).substr(close + 1);
+  std::size_t i = 0;
+  while (i < rest.size() && fields.size() < 20) {
+    while (i < rest.size() && rest[i] == ' ') ++i;
+    std::size_t start = i;
+    while (i < rest.size() && rest[i] != ' ' && rest[i] != '\n') ++i;
+    if (i > start) fields.push_back(rest.substr(start, i - start));
+    else break;
+  }
+  if (fields.size() < 20) return std::nullopt;  // fields[0] is field 3
+  ProcStat st;
+  st.state = fields[0].front();
+  try {
+    st.pgrp = static_cast<pid_t>(std::stol(std::string(fields[2])));
+    st.starttime = std::stoull(std::string(fields[19]));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return st;
+}
+
+// Live (not zombie) members of process group `pgid`, in /proc order.
+std::vector<std::uint32_t> group_members(pid_t pgid) {
+  std::vector<std::uint32_t> out;
+  std::error_code ec;
+  for (fs::directory_iterator p("/proc", ec), end; !ec && p != end; p.increment(ec)) {
+    const auto name = p->path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    pid_t pid = static_cast<pid_t>(std::stol(name));
+    auto st = proc_stat(pid);
+    if (st && st->pgrp == pgid && st->state != 'Z' && st->state != 'X') out.push_back(static_cast<std::uint32_t>(pid));
+  }
+  return out;
+}
+
+// Whether any process of group `pgid` still runs. kill(-pgid, 0) answers at once for the usual
+// cases; zombies count as gone, which only the /proc scan tells.
+bool group_alive(pid_t pgid) {
+  if (pgid <= 0) return false;
+  if (::kill(-pgid, 0) < 0 && errno == ESRCH) return false;
+  return !group_members(pgid).empty();
+}
+
+std::string boot_id() {
+  auto id = util::read_file("/proc/sys/kernel/random/boot_id", 128);
+  return id ? std::string(trim(*id)) : std::string();
+}
+
+std::string random_id() {
+  unsigned char bytes[16] = {};
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    auto n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (auto b : bytes) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 0xF]);
+  }
+  return out;
+}
+
+int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+// "modeld-serve@NAME" for "modeld-serve@NAME.service": the SyslogIdentifier= of the template.
+std::string identifier(const std::string& unit) {
+  auto dot = unit.rfind('.');
+  return dot == std::string::npos ? unit : unit.substr(0, dot);
+}
+
+struct Unit {
+  std::map<std::string, std::string> dropins;  // name -> content, applied in name order
+  ProcessSpec spec;
+
+  // The current or last run.
+  pid_t pid = 0;             // main process; 0: never ran since modeld started (or reset)
+  pid_t pgid = 0;            // its process group; 0 once seen empty
+  bool own_child = false;    // started by this modeld: waitpid() gives its status
+  bool main_running = false;
+  bool stopping = false;     // stop() was asked for this run
+  bool killed = false;       // SIGKILL was sent after the stop timeout
+  std::optional<int> wait_status;  // waitpid()'s status once known
+  std::string invocation_id;
+  std::chrono::milliseconds stop_timeout = std::chrono::seconds(90);  // of this run
+  // Once the run is over: "inactive" or "failed", with systemd's Result and ExecMainStatus.
+  std::string final_state = "inactive";
+  std::string result = "success";
+  int exec_main_status = 0;
+
+  std::unique_ptr<asio::posix::stream_descriptor> pidfd;
+  std::unique_ptr<asio::steady_timer> kill_timer;
+  std::uint64_t run = 0;  // counts runs, so a callback of an earlier one is ignored
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(asio::any_io_executor executor, ProcessManagerOptions options)
+      : executor_(std::move(executor)), options_(std::move(options)) {}
+
+  void init() {
+    if (!options_.record_dir.empty()) {
+      std::error_code ec;
+      fs::create_directories(options_.record_dir, ec);
+      if (ec)
+        throw std::runtime_error(fmt::format("cannot create {}: {}", options_.record_dir.string(), ec.message()));
+      adopt_recorded();
+    }
+    if (::getpid() == 1) reap_orphans();
+  }
+
+  void close() {
+    closed_ = true;
+    for (auto& [name, u] : units_) {
+      if (u->pidfd) {
+        boost::system::error_code ec;
+        u->pidfd->close(ec);
+      }
+      if (u->kill_timer) u->kill_timer->cancel();
+    }
+    if (sigchld_) {
+      boost::system::error_code ec;
+      sigchld_->cancel(ec);
+    }
+  }
+
+  Result<void> start(const std::string& name) {
+    auto& u = unit(name);
+    refresh(name, u);
+    if (u.main_running && !u.stopping) return {};  // StartUnit on an active unit does nothing
+    if (u.main_running || u.pgid)
+      return make_error(Errc::unit_failed, fmt::format("{}: cannot start: it is still stopping", name));
+    if (u.spec.argv.empty())
+      return make_error(Errc::unit_failed, fmt::format("{}: cannot start: no ExecStart= (no drop-in written for it)", name));
+
+    // A new run: forget the last one.
+    u.pid = 0;
+    u.own_child = true;
+    u.stopping = u.killed = false;
+    u.wait_status.reset();
+    u.invocation_id = random_id();
+    u.stop_timeout = u.spec.stop_timeout;
+    u.final_state = "inactive";
+    u.result = "success";
+    u.exec_main_status = 0;
+    ++u.run;
+
+    auto fail = [&](int status, std::string message) -> Result<void> {
+      // What systemd reports for a service whose exec failed (EXIT_CHDIR 200, EXIT_EXEC 203).
+      u.final_state = "failed";
+      u.result = "exit-code";
+      u.exec_main_status = status;
+      return make_error(Errc::unit_failed, fmt::format("{}: {}", name, message));
+    };
+
+    // The environment: the daemon's PATH (where the program is looked up, as systemd searches
+    // its own), the invocation ID, then the drop-in's Environment= (later ones win).
+    std::vector<std::string> env;
+    const char* path = std::getenv("PATH");
+    env.push_back(std::string("PATH=") + (path && *path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+    env.push_back("INVOCATION_ID=" + u.invocation_id);
+    for (const auto& kv : u.spec.environment) {
+      auto key = kv.substr(0, kv.find('=') + 1);
+      std::erase_if(env, [&](const std::string& e) { return e.starts_with(key); });
+      env.push_back(kv);
+    }
+    auto argv = exec_argv(u.spec, env);
+
+    if (!u.spec.working_directory.empty()) {
+      struct stat st {};
+      int err = ::stat(u.spec.working_directory.c_str(), &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+      if (err)
+        return fail(200, fmt::format("cannot start: WorkingDirectory {}: {}", u.spec.working_directory.string(),
+                                     std::strerror(err)));
+    }
+
+    int out_fd = -1;
+    if (options_.journal) out_fd = sd_journal_stream_fd(identifier(name).c_str(), LOG_INFO, 0);
+
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&attr);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (out_fd >= 0) {
+      posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+      posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+    }
+    if (!u.spec.working_directory.empty())
+      posix_spawn_file_actions_addchdir_np(&fa, u.spec.working_directory.c_str());
+    // asio does not open its sockets with O_CLOEXEC: the server must not inherit the control
+    // socket or Hub connections.
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    // Its own session and process group, every signal at its default and none blocked: signals
+    // modeld ignores (SIGPIPE) or handles must not leak into the server.
+    sigset_t all, none;
+    sigfillset(&all);
+    sigemptyset(&none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    pid_t pid = 0;
+    int r = posix_spawnp(&pid, cargv[0], &fa, &attr, cargv.data(), cenv.data());
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (out_fd >= 0) ::close(out_fd);
+    if (r != 0) return fail(203, fmt::format("cannot start: cannot run {}: {}", argv[0], std::strerror(r)));
+
+    u.pid = pid;
+    u.pgid = pid;  // setsid made it the leader of a new group
+    u.main_running = true;
+    if (auto w = watch(name, u); !w) {
+      // Without a pidfd its end would go unnoticed; do not leave an unwatched server behind.
+      ::kill(-pid, SIGKILL);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      u.main_running = false;
+      u.pgid = 0;
+      return fail(203, w.error().message);
+    }
+    write_record(name, u);
+    sys::logf(sys::Level::info, "{}: started {} as PID {} in its own process group (output: {})", name, argv[0], pid,
+              out_fd >= 0 ? "journal, identifier " + identifier(name) : std::string("modeld's own"));
+    return {};
+  }
+
+  Result<void> stop(const std::string& name) {
+    auto it = units_.find(name);
+    if (it == units_.end()) return {};
+    auto& u = *it->second;
+    refresh(name, u);
+    if (!u.main_running && !u.pgid) return {};
+    if (u.stopping) return {};
+    u.stopping = true;
+    terminate(name, u);
+    return {};
+  }
+
+  UnitStatus status(const std::string& name) {
+    UnitStatus st;
+    auto it = units_.find(name);
+    if (it == units_.end()) {
+      st.active_state = "inactive";
+      st.sub_state = "dead";
+      return st;
+    }
+    auto& u = *it->second;
+    refresh(name, u);
+    st.loaded = true;
+    st.invocation_id = u.invocation_id;
+    if (u.main_running && !u.stopping) {
+      st.active_state = "active";
+      st.sub_state = "running";
+    } else if (u.main_running || u.pgid) {
+      st.active_state = "deactivating";
+      st.sub_state = u.killed ? "stop-sigkill" : "stop-sigterm";
+    } else {
+      st.active_state = u.final_state;
+      st.sub_state = u.final_state == "failed" ? "failed" : "dead";
+    }
+    // Like MainPID, no process is named once the main one has ended; Result and ExecMainStatus
+    // describe the last run, as systemd keeps them.
+    st.main_pid = u.main_running ? static_cast<std::uint32_t>(u.pid) : 0;
+    st.result = u.result;
+    st.exec_main_status = u.exec_main_status;
+    return st;
+  }
+
+  std::vector<std::uint32_t> pids(const std::string& name) {
+    auto it = units_.find(name);
+    if (it == units_.end()) return {};
+    auto& u = *it->second;
+    refresh(name, u);
+    if (!u.pgid) return {};
+    return group_members(u.pgid);
+  }
+
+  void reset_failed(const std::string& name) {
+    auto it = units_.find(name);
+    if (it == units_.end()) return;
+    auto& u = *it->second;
+    refresh(name, u);
+    if (!u.main_running && !u.pgid && u.final_state == "failed") {
+      u.final_state = "inactive";
+      u.result = "success";
+      u.exec_main_status = 0;
+    }
+  }
+
+  Result<void> write_dropin(const std::string& name, const std::string& dropin, const std::string& content) {
+    if (name.empty() || dropin.empty() || name.find('/') != std::string::npos ||
+        dropin.find('/') != std::string::npos || dropin == "." || dropin == "..")
+      return make_error(Errc::internal, fmt::format("{}.d/{}: not a drop-in path", name, dropin));
+    auto& u = unit(name);
+    auto dropins = u.dropins;
+    dropins[dropin] = content;
+    ProcessSpec spec;
+    for (const auto& [n, text] : dropins)
+      if (auto r = apply_dropin(spec, text, name); !r) return r.error();
+    u.dropins = std::move(dropins);
+    u.spec = std::move(spec);
+    return {};
+  }
+
+ private:
+  Unit& unit(const std::string& name) {
+    auto& p = units_[name];
+    if (!p) p = std::make_shared<Unit>();
+    return *p;
+  }
+
+  // SIGTERM and SIGCONT (a stopped process must run to handle SIGTERM) to the whole group, and
+  // SIGKILL to it after the stop timeout, as systemd's KillMode=control-group does.
+  void terminate(const std::string& name, Unit& u) {
+    if (u.pgid) {
+      ::kill(-u.pgid, SIGTERM);
+      ::kill(-u.pgid, SIGCONT);
+    }
+    if (u.kill_timer || u.stop_timeout == kInfinity) return;
+    u.kill_timer = std::make_unique<asio::steady_timer>(executor_, u.stop_timeout);
+    u.kill_timer->async_wait([self = shared_from_this(), name, run = u.run](boost::system::error_code ec) {
+      if (ec || self->closed_) return;
+      auto it = self->units_.find(name);
+      if (it == self->units_.end() || it->second->run != run) return;
+      auto& u = *it->second;
+      u.kill_timer.reset();
+      if (!u.pgid || (!u.main_running && !group_alive(u.pgid))) return;
+      sys::logf(sys::Level::warning, "{}: still running {} after SIGTERM: sending SIGKILL to its process group {}",
+                name, describe(u.stop_timeout), u.pgid);
+      u.killed = true;
+      ::kill(-u.pgid, SIGKILL);
+    });
+  }
+
+  static std::string describe(std::chrono::milliseconds d) {
+    return d.count() % 1000 ? fmt::format("{} ms", d.count()) : fmt::format("{} s", d.count() / 1000);
+  }
+
+  Result<void> watch(const std::string& name, Unit& u) {
+    int fd = pidfd_open(u.pid);
+    if (fd < 0)
+      return make_error(Errc::unit_failed, fmt::format("cannot watch PID {} (pidfd_open needs Linux 5.3): {}", u.pid,
+                                                       std::strerror(errno)));
+    u.pidfd = std::make_unique<asio::posix::stream_descriptor>(executor_, fd);
+    arm(name, u);
+    return {};
+  }
+
+  void arm(const std::string& name, Unit& u) {
+    u.pidfd->async_wait(asio::posix::stream_descriptor::wait_read,
+                        [self = shared_from_this(), name, run = u.run](boost::system::error_code ec) {
+                          if (ec || self->closed_) return;
+                          auto it = self->units_.find(name);
+                          if (it == self->units_.end() || it->second->run != run) return;
+                          self->on_pidfd(name, *it->second);
+                        });
+  }
+
+  // The pidfd turned readable: the main process has ended (it may be a zombie until waited for).
+  void on_pidfd(const std::string& name, Unit& u) {
+    if (!u.main_running) return;
+    int status = 0;
+    pid_t r = ::waitpid(u.pid, &status, WNOHANG);
+    if (r == 0 && u.own_child) {
+      arm(name, u);  // not exited after all
+      return;
+    }
+    main_exited(name, u, r == u.pid ? std::optional<int>(status) : std::nullopt);
+  }
+
+  void main_exited(const std::string& name, Unit& u, std::optional<int> status) {
+    if (!u.main_running) return;
+    u.main_running = false;
+    u.wait_status = status;
+    if (u.pidfd) {
+      boost::system::error_code ec;
+      u.pidfd->close(ec);
+      u.pidfd.reset();
+    }
+    // The rest of the group is stopped as systemd stops a unit's cgroup after its main process.
+    if (group_alive(u.pgid)) terminate(name, u);
+    refresh(name, u);
+  }
+
+  // Finishes the run once the main process and its group are gone: the unit's final state.
+  void refresh(const std::string& name, Unit& u) {
+    if (u.main_running || !u.pgid) return;
+    if (group_alive(u.pgid)) return;
+    u.pgid = 0;
+    if (u.kill_timer) {
+      u.kill_timer->cancel();
+      u.kill_timer.reset();
+    }
+    remove_record(name);
+    std::string how;
+    if (u.killed) {
+      u.final_state = "failed";
+      u.result = "timeout";
+      u.exec_main_status = SIGKILL;
+      how = "was killed after its stop timeout";
+    } else if (!u.wait_status) {
+      // A re-adopted server is not modeld's child: its exit status cannot be known.
+      u.final_state = u.stopping ? "inactive" : "failed";
+      u.result = u.stopping ? "success" : "unknown";
+      how = "has ended (exit status unknown: it was started by an earlier modeld)";
+    } else if (WIFEXITED(*u.wait_status)) {
+      u.exec_main_status = WEXITSTATUS(*u.wait_status);
+      u.final_state = u.exec_main_status == 0 ? "inactive" : "failed";
+      u.result = u.exec_main_status == 0 ? "success" : "exit-code";
+      how = fmt::format("exited with status {}", u.exec_main_status);
+    } else {
+      int sig = WTERMSIG(*u.wait_status);
+      u.exec_main_status = sig;
+      // systemd counts these as a clean end of a service (SuccessExitStatus= defaults).
+      bool clean = sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGPIPE;
+      u.final_state = clean ? "inactive" : "failed";
+      u.result = clean ? "success" : WCOREDUMP(*u.wait_status) ? "core-dump" : "signal";
+      how = fmt::format("was ended by signal {} ({})", sig, strsignal(sig));
+    }
+    sys::logf(u.final_state == "failed" && !u.stopping ? sys::Level::warning : sys::Level::info, "{}: PID {} {}: {}",
+              name, u.pid, how, u.final_state);
+  }
+
+  // ---- records, for a restarted modeld -------------------------------------------------------
+
+  void write_record(const std::string& name, const Unit& u) {
+    if (options_.record_dir.empty()) return;
+    auto st = proc_stat(u.pid);
+    if (!st) return;
+    auto text = fmt::format("{} {} {} {} {}\n", u.pid, st->starttime, boot_id(), u.invocation_id,
+                            u.stop_timeout == kInfinity ? -1 : u.stop_timeout.count());
+    if (auto r = util::write_file_atomically(options_.record_dir / name, text, 0644); !r)
+      sys::logf(sys::Level::warning, "{}; a restarted modeld will not know {} is running, ignoring", r.error().message,
+                name);
+  }
+
+  void remove_record(const std::string& name) {
+    if (options_.record_dir.empty()) return;
+    std::error_code ec;
+    fs::remove(options_.record_dir / name, ec);
+  }
+
+  void adopt_recorded() {
+    std::error_code ec;
+    const auto boot = boot_id();
+    for (fs::directory_iterator p(options_.record_dir, ec), end; !ec && p != end; p.increment(ec)) {
+      const auto name = p->path().filename().string();
+      if (name.find(".tmp-") != std::string::npos || !p->is_regular_file()) continue;
+      auto text = util::read_file(p->path(), 4096);
+      long long pid = 0, timeout = 0;
+      unsigned long long start = 0;
+      char b[64] = {}, inv[64] = {};
+      bool ok = text && std::sscanf(text->c_str(), "%lld %llu %63s %63s %lld", &pid, &start, b, inv, &timeout) == 5;
+      auto st = ok ? proc_stat(static_cast<pid_t>(pid)) : std::nullopt;
+      if (!ok || boot != b || !st || st->starttime != start || st->state == 'Z' || st->pgrp != pid) {
+        // From before a reboot, or the server ended while no modeld watched it.
+        fs::remove(p->path(), ec);
+        ec.clear();
+        continue;
+      }
+      auto& u = unit(name);
+      u.pid = u.pgid = static_cast<pid_t>(pid);
+      u.own_child = false;
+      u.main_running = true;
+      u.invocation_id = inv;
+      u.stop_timeout = timeout < 0 ? kInfinity : std::chrono::milliseconds(timeout);
+      ++u.run;
+      if (auto w = watch(name, u); !w) {
+        sys::logf(sys::Level::warning, "{}: PID {} runs but {}; it is not managed, ignoring", name, pid,
+                  w.error().message);
+        units_.erase(name);
+        continue;
+      }
+      sys::logf(sys::Level::notice, "{}: re-adopted PID {} (process group {}) started by an earlier modeld", name, pid,
+                pid);
+    }
+  }
+
+  // As PID 1, modeld inherits every orphan of the container: reap them all, recording the status
+  // of a unit's main process when it is one of them.
+  void reap_orphans() {
+    sigchld_ = std::make_unique<asio::signal_set>(executor_, SIGCHLD);
+    arm_reaper();
+  }
+
+  void arm_reaper() {
+    sigchld_->async_wait([self = shared_from_this()](boost::system::error_code ec, int) {
+      if (ec || self->closed_) return;
+      int status = 0;
+      pid_t pid;
+      while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+        for (auto& [name, u] : self->units_)
+          if (u->main_running && u->pid == pid) self->main_exited(name, *u, status);
+      }
+      self->arm_reaper();
+    });
+  }
+
+  asio::any_io_executor executor_;
+  ProcessManagerOptions options_;
+  std::map<std::string, std::shared_ptr<Unit>> units_;
+  std::unique_ptr<asio::signal_set> sigchld_;
+  bool closed_ = false;
+};
+
+class ProcessManager final : public ServiceManager {
+ public:
+  ProcessManager(asio::any_io_executor executor, ProcessManagerOptions options)
+      : core_(std::make_shared<Core>(std::move(executor), std::move(options))) {
+    core_->init();
+  }
+  // The servers keep running: a modeld restart must not stop the model (see the file comment).
+  ~ProcessManager() override { core_->close(); }
+  ProcessManager(const ProcessManager&) = delete;
+  ProcessManager& operator=(const ProcessManager&) = delete;
+
+  asio::awaitable<Result<void>> start(const std::string& unit) override { co_return core_->start(unit); }
+  asio::awaitable<Result<void>> stop(const std::string& unit) override { co_return core_->stop(unit); }
+  asio::awaitable<Result<UnitStatus>> status(const std::string& unit) override { co_return core_->status(unit); }
+  asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string& unit) override {
+    co_return core_->pids(unit);
+  }
+  asio::awaitable<Result<void>> reset_failed(const std::string& unit) override {
+    core_->reset_failed(unit);
+    co_return Result<void>{};
+  }
+  // Drop-ins take effect at write_dropin(): there is nothing to re-read.
+  asio::awaitable<Result<void>> reload() override { co_return Result<void>{}; }
+  Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) override {
+    return core_->write_dropin(unit, name, content);
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace
+
+std::unique_ptr<ServiceManager> make_process_manager(asio::any_io_executor executor, ProcessManagerOptions options) {
+  return std::make_unique<ProcessManager>(std::move(executor), std::move(options));
+}
+
+}  // namespace modeld::units

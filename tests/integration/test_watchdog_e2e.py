@@ -1,0 +1,203 @@
+"""End to end, after a deployment succeeded: the watchdog restarts a server that exits 0 on its
+own, and one whose completions keep failing while its process lives on; the benchmark phase
+records its figures in the deployment and in /metrics."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+
+RESTART_MESSAGE_ID = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f75"
+
+
+def health_table(name: str, interval: str = "1s", failures: int = 3) -> str:
+    return f"""
+[models.{name}.health]
+watch_interval = "{interval}"
+watch_failures = {failures}
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    work = tmp_path_factory.mktemp("watchdog")
+    e = ModeldEnv(workdir=work)
+    e.add_repo("acme/quitter", shards=1, shard_size=100_000, seed=31)
+    e.add_repo("acme/wedged", shards=1, shard_size=100_000, seed=32)
+    e.add_repo("acme/bench", shards=1, shard_size=100_000, seed=33)
+    e.ports = {"quitter": free_port(), "wedged": free_port(), "bench": free_port()}
+    e.tables = (
+        # Ready, then exits 0 two seconds after it started listening, every time it is started.
+        model_table("quitter", "acme/quitter", e.ports["quitter"], serve_args=["--exit-zero-after-ready", "2"])
+        + health_table("quitter")
+        # Ready, then every completion answers 500 from 6 s after listening; /health stays 200.
+        + model_table("wedged", "acme/wedged", e.ports["wedged"], serve_args=["--fail-completions-after", "6"])
+        + health_table("wedged", failures=3)
+        # 10 ms per generated token.
+        + model_table("bench", "acme/bench", e.ports["bench"], serve_args=["--token-seconds", "0.01"])
+        + """
+[models.bench.benchmark]
+enabled = true
+max_tokens = 16
+""")
+    try:
+        e.start(e.tables)
+        yield e
+    finally:
+        e.stop()
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str):
+        super().__init__("localhost", timeout=10)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(self.unix_path)
+
+
+def metrics(env) -> str:
+    conn = _UnixHTTPConnection(str(env.socket))
+    try:
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        assert r.status == 200
+        assert r.getheader("Content-Type", "").startswith("text/plain; version=0.0.4")
+        return r.read().decode()
+    finally:
+        conn.close()
+
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+                    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*\})? '
+                    r'(-?[0-9.]+(?:[eE][-+]?[0-9]+)?|NaN|[+-]Inf)$')
+
+
+def check_exposition(text: str) -> None:
+    """The text exposition format's rules that matter here: every sample line parses, and every
+    family has one HELP and one TYPE line before its samples. With promtool installed, it checks
+    the text too (its lint rules included)."""
+    assert text.endswith("\n")
+    declared: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            kind, name = line[2:6], line.split(" ")[2]
+            assert kind not in declared.setdefault(name, set()), f"second {kind} for {name}"
+            declared[name].add(kind)
+            continue
+        m = SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        assert declared.get(m.group(1)) == {"HELP", "TYPE"}, f"{m.group(1)} sampled before its HELP and TYPE"
+    promtool = shutil.which("promtool")
+    if promtool:
+        r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def sample(text: str, name: str, model: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="{model}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def unit_property(env, unit: str, prop: str) -> str:
+    return env.systemd.run(["systemctl", "show", "-p", prop, "--value", unit], check=True).stdout.strip()
+
+
+def test_a_server_that_exits_0_after_becoming_ready_is_restarted_by_the_watchdog(env):
+    unit = "modeld-serve@quitter.service"
+    dep = env.deploy_and_wait("quitter")
+    assert dep["state"] == "succeeded", dep
+    first_invocation = unit_property(env, unit, "InvocationID")
+    first_entered = unit_property(env, unit, "ActiveEnterTimestampMonotonic")
+    assert first_invocation
+
+    w = wait_for("a watchdog restart", lambda: (
+        (s := env.status()["watchdog"]) is not None and s["restarts"] >= 1 and s), timeout=60)
+    assert w["model"] == "quitter"
+    assert w["last_restart_at"]
+    assert "exited with status 0" in w["last_restart_reason"], w
+    assert unit in w["last_restart_reason"]
+    # A new run of the unit, which answers again (within the 2 s it lives each time).
+    wait_for("a new invocation of the unit", lambda: unit_property(env, unit, "InvocationID") not in
+             ("", first_invocation), timeout=30)
+    assert unit_property(env, unit, "ActiveEnterTimestampMonotonic") != first_entered
+    wait_for("quitter to answer a completion again", lambda: completion(env.ports["quitter"], "quitter"),
+             timeout=60, interval=0.05)
+
+    restart = env.systemd.wait_journal(lambda e: e.get("MESSAGE_ID") == RESTART_MESSAGE_ID,
+                                       matches=["SYSLOG_IDENTIFIER=modeld", "MODELD_MODEL=quitter"])
+    assert restart is not None, "no restart line in the journal"
+    assert unit in restart["MESSAGE"] and "quitter" in restart["MESSAGE"]
+    assert "exited with status 0" in restart["MESSAGE"]
+    assert restart["PRIORITY"] == "4"
+    assert restart.get("MODELD_UNIT") == unit
+
+    text = metrics(env)
+    check_exposition(text)
+    assert (sample(text, "modeld_watchdog_restarts_total", "quitter") or 0) >= 1
+    assert sample(text, "modeld_watchdog_consecutive_failures", "quitter") is not None
+
+    out = env.modelctl("status")
+    assert out.returncode == 0, out.stderr
+    assert "Watchdog:" in out.stdout and "restart" in out.stdout, out.stdout
+
+
+def test_failed_probes_in_a_row_get_a_live_server_restarted(env):
+    unit = "modeld-serve@wedged.service"
+    dep = env.deploy_and_wait("wedged")
+    assert dep["state"] == "succeeded", dep
+    # Deploying stopped watching quitter: its unit stays down now.
+    assert env.status()["watchdog"]["model"] == "wedged"
+    first_invocation = unit_property(env, unit, "InvocationID")
+
+    w = wait_for("a failed probe", lambda: (
+        (s := env.status()["watchdog"])["last_probe_ok"] is False and s), timeout=60)
+    assert w["consecutive_failures"] >= 1
+    w = wait_for("a restart after 3 failed probes", lambda: (
+        (s := env.status()["watchdog"])["restarts"] >= 1 and s), timeout=60)
+    assert w["last_restart_reason"].startswith("3 probes in a row failed"), w
+    assert "500" in w["last_restart_reason"] and "EngineDeadError" in w["last_restart_reason"], w
+    wait_for("a new invocation of the unit", lambda: unit_property(env, unit, "InvocationID") not in
+             ("", first_invocation), timeout=30)
+    wait_for("wedged to answer a completion again", lambda: completion(env.ports["wedged"], "wedged"), timeout=60)
+
+    text = metrics(env)
+    check_exposition(text)
+    assert (sample(text, "modeld_watchdog_probe_failures_total", "wedged") or 0) >= 3
+    assert (sample(text, "modeld_watchdog_restarts_total", "wedged") or 0) >= 1
+    assert (sample(text, "modeld_readiness_probe_seconds", "wedged") or -1) >= 0
+    # Counters of a model watched earlier stay.
+    assert (sample(text, "modeld_watchdog_restarts_total", "quitter") or 0) >= 1
+    lines = env.journal("SYSLOG_IDENTIFIER=modeld", "MODELD_MODEL=wedged", f"MESSAGE_ID={RESTART_MESSAGE_ID}")
+    assert lines and "probes in a row failed" in lines[0]["MESSAGE"]
+
+
+def test_the_benchmark_phase_records_its_figures_in_the_deployment_and_the_metrics(env):
+    dep = env.deploy_and_wait("bench")
+    assert dep["state"] == "succeeded", dep
+    b = dep["benchmark"]
+    assert b is not None, dep
+    # 16 tokens, 10 ms each: the first after >= 10 ms, then at most 100 tokens/s.
+    assert 0.01 <= b["ttft_s"] < 5, b
+    assert 0 < b["decode_tokens_per_s"] <= 110, b
+    text = metrics(env)
+    check_exposition(text)
+    assert sample(text, "modeld_benchmark_ttft_seconds", "bench") == pytest.approx(b["ttft_s"])
+    assert sample(text, "modeld_benchmark_decode_tokens_per_second", "bench") == pytest.approx(b["decode_tokens_per_s"])
+    out = env.modelctl("status")
+    assert "Benchmark:" in out.stdout, out.stdout
+    assert env.status()["watchdog"]["model"] == "bench"
