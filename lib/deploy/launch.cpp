@@ -13,9 +13,10 @@ namespace modeld::deploy {
 namespace {
 
 // Quotes one word for an ExecStart= or Environment= line (systemd.syntax(7), systemd.service(5)):
-// double quotes with backslash escapes; '%' doubled so specifiers do not expand, '$' doubled so
-// environment variables do not expand.
-std::string quote(std::string_view word) {
+// double quotes with backslash escapes; '%' doubled so specifiers do not expand; in ExecStart=
+// (`in_exec`) '$' doubled so environment variables do not expand. Environment= values get no
+// variable expansion, so a '$' there is written as it is.
+std::string quote(std::string_view word, bool in_exec = true) {
   std::string out = "\"";
   for (char c : word) {
     switch (c) {
@@ -23,7 +24,7 @@ std::string quote(std::string_view word) {
       case '\\': out += "\\\\"; break;
       case '\n': out += "\\n"; break;
       case '%': out += "%%"; break;
-      case '$': out += "$$"; break;
+      case '$': out += in_exec ? "$$" : "$"; break;
       default: out.push_back(c);
     }
   }
@@ -52,7 +53,7 @@ std::string render_dropin(const config::ModelConfig& model, const std::filesyste
   std::string dir;
   for (char c : model_dir.string()) dir += c == '%' ? std::string("%%") : std::string(1, c);
   out += fmt::format("WorkingDirectory={}\n", dir);
-  for (const auto& [k, v] : model.serve.environment) out += "Environment=" + quote(k + "=" + v) + "\n";
+  for (const auto& [k, v] : model.serve.environment) out += "Environment=" + quote(k + "=" + v, false) + "\n";
   // modeld enforces startup_timeout itself (it can be hours), so systemd must not give up first.
   out += "TimeoutStartSec=infinity\n";
   out += fmt::format("TimeoutStopSec={}\n", seconds(model.serve.stop_timeout));
