@@ -1,7 +1,8 @@
 #!/bin/sh
-# Configures and builds modeld, modelctl and the tests into build/ (ccache and Ninja when present).
+# Configures and builds into build/ (ccache and Ninja when present): every target, or only the
+# targets named as arguments (the demo needs just `modeld modelctl`).
 set -eu
 cd "$(dirname "$0")/.."
 export CCACHE_NOHASHDIR=1
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-ninja -C build -j"$(nproc)"
+ninja -C build -j"$(nproc)" "$@"

@@ -6,5 +6,5 @@
 set -eu
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-./scripts/build.sh
+./scripts/build.sh modeld modelctl
 exec /usr/bin/python3 scripts/demo.py "$@"

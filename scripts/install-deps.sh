@@ -9,8 +9,14 @@ apt-get install -y -qq --no-install-recommends \
     libboost1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     catch2 libssl-dev libtomlplusplus-dev libcli11-dev \
     systemd dbus util-linux procps curl python3 python3-pytest \
-    openssl tinyproxy mitmproxy aria2 >/dev/null
+    openssl tinyproxy mitmproxy aria2 prometheus >/dev/null
 # tinyproxy (a CONNECT proxy) and mitmproxy (a TLS-intercepting proxy, standing in for
 # Dragonfly) are real proxies for the tests; aria2 is a baseline of tests/bench/download.
 # The tinyproxy package starts a system service; the tests run their own instances.
 systemctl disable --now tinyproxy >/dev/null 2>&1 || true
+# prometheus is here for promtool (`promtool check metrics` in tests/integration/test_ops_e2e.py);
+# its package enables a server and an exporter that nothing here wants running.
+# (One at a time: systemctl gives up on the whole list when one unit is missing.)
+for unit in prometheus prometheus-node-exporter; do
+    systemctl disable --now "$unit" >/dev/null 2>&1 || true
+done

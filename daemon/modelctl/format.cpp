@@ -220,6 +220,9 @@ std::string plan_text(const json& p, const Style& style) {
                        bytes(uint(p, "bytes_needed")), bytes(available + evicted), bytes(free), bytes(reserve),
                        evicted ? fmt::format(", plus {} from evictions", bytes(evicted)) : std::string());
   }
+  if (!p.value("fits", false) && p.value("fits_with_allow_downtime", false))
+    out += fmt::format("  Hint:       fits with --allow-downtime, which evicts the active model {} (no rollback then)\n",
+                       p.value("active_model", json()).is_string() ? p["active_model"].get<std::string>() : "");
   const auto& active = p.value("active_model", json());
   if (!active.is_string())
     out += "  Rollback:   - (no model active)\n";

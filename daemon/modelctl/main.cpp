@@ -256,6 +256,18 @@ int cmd_cancel(Context& c) {
   return r->status == 403 ? exit_refused : exit_failed;
 }
 
+// A model name as the contract spells it ([a-z0-9][a-z0-9._-]{0,63}); anything else is bad usage
+// (exit 2) before any request, quoted with control bytes escaped so a terminal shows them.
+const CLI::Validator kModelName(
+    [](std::string& name) -> std::string {
+      if (modeld::util::valid_model_name(name)) return {};
+      std::string shown;
+      for (unsigned char ch : name)
+        shown += (ch < 0x20 || ch == 0x7f || ch >= 0x80) ? fmt::format("\\x{:02x}", ch) : std::string(1, static_cast<char>(ch));
+      return fmt::format("\"{}\" is not a model name (lower-case letters, digits, '.', '_', '-'; at most 64)", shown);
+    },
+    "NAME");
+
 int cmd_logs(bool follow, const std::string& name) {
   if (!name.empty() && !modeld::util::valid_model_name(name)) {
     fmt::print(stderr, "modelctl: \"{}\" is not a valid model name\n", name);
@@ -345,26 +357,26 @@ int main(int argc, char** argv) {
   auto* deploy = sub("deploy", "start a deployment of a model");
   std::string deploy_name;
   bool wait = false, allow_downtime = false;
-  deploy->add_option("NAME", deploy_name, "model to deploy")->required();
+  deploy->add_option("NAME", deploy_name, "model to deploy")->required()->check(kModelName);
   deploy->add_flag("--wait", wait, "follow the deployment to its end");
   deploy->add_flag("--allow-downtime", allow_downtime,
                    "stop the active model before freeing disk when it must be evicted");
   auto* cancel = sub("cancel", "cancel the running deployment");
   auto* plan = sub("plan", "dry run: what a deployment would fetch and evict");
   std::string plan_name;
-  plan->add_option("NAME", plan_name, "model")->required();
+  plan->add_option("NAME", plan_name, "model")->required()->check(kModelName);
   plan->add_flag("--allow-downtime", allow_downtime, "plan as deploy --allow-downtime would");
   auto* verify = sub("verify", "re-hash and re-check a model on disk");
   std::string verify_name;
-  verify->add_option("NAME", verify_name, "model")->required();
+  verify->add_option("NAME", verify_name, "model")->required()->check(kModelName);
   auto* rm = sub("rm", "delete a model's files");
   std::string rm_name;
-  rm->add_option("NAME", rm_name, "model")->required();
+  rm->add_option("NAME", rm_name, "model")->required()->check(kModelName);
   auto* logs = sub("logs", "show the daemon's journal, or a model service's");
   bool follow = false;
   std::string logs_name;
   logs->add_flag("-f,--follow", follow, "keep following new lines");
-  logs->add_option("NAME", logs_name, "model whose service journal to show");
+  logs->add_option("NAME", logs_name, "model whose service journal to show")->check(kModelName);
 
   try {
     app.parse(argc, argv);

@@ -2,6 +2,7 @@
 // listens on the control socket, tells systemd it is ready and runs the io_context.
 
 #include "config/config.hpp"
+#include "control/metrics.hpp"
 #include "control/server.hpp"
 #include "deploy/deployer.hpp"
 #include "http/client.hpp"
@@ -12,6 +13,7 @@
 #include "sys/notify.hpp"
 #include "units/service_manager.hpp"
 #include "util/files.hpp"
+#include "util/on_pool.hpp"
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -167,6 +169,9 @@ int main(int argc, char** argv) {
     control::Options copt;
     copt.socket_path = cfg->daemon.socket;
     copt.group = cfg->control.group;
+    // Counts from the engine's events since start-up: for /metrics on the socket and over TCP.
+    control::MetricsCollector metrics(deployer);
+    copt.metrics = &metrics;
     control::Server server(io.get_executor(), deployer, copt);
     auto fds = sys::listen_fds();
     if (!fds.empty()) {
@@ -174,15 +179,36 @@ int main(int argc, char** argv) {
         sys::log(sys::Level::error, {}, r.error().message);
         return 1;
       }
-      sys::logf(sys::Level::info, "using the control socket passed by systemd{}",
-                cfg->daemon.socket == "/run/modeld/modeld.sock"
-                    ? ""
-                    : " (daemon.socket " + cfg->daemon.socket.string() + " in the configuration is not used)");
+      // The socket unit's ListenStream= wins; a daemon.socket naming another path is not used,
+      // and the operator should hear so (clients following the configuration would miss it).
+      const std::string passed = sys::unix_socket_path(fds.front());
+      const bool same = !passed.empty() && std::filesystem::path(passed).lexically_normal() ==
+                                               cfg->daemon.socket.lexically_normal();
+      sys::logf(sys::Level::info, "using the control socket {} passed by systemd (socket activation){}",
+                passed.empty() ? "(unnamed)" : passed,
+                same ? "" : "; daemon.socket " + cfg->daemon.socket.string() + " in the configuration is not used");
+      if (fds.size() > 1)
+        sys::logf(sys::Level::warning, "systemd passed {} sockets; only the first is used", fds.size());
     } else if (auto r = server.listen(); !r) {
       sys::log(sys::Level::error, {}, r.error().message);
       return 1;
     }
     server.start();
+
+    // [metrics] listen: /metrics over TCP too. A failure to bind is reported, not fatal: the
+    // control socket matters more than a scrape target.
+    std::unique_ptr<control::MetricsListener> metrics_listener;
+    if (!cfg->metrics.listen.empty()) {
+      metrics_listener = std::make_unique<control::MetricsListener>(
+          io.get_executor(), [&metrics] { return metrics.text(); });
+      if (auto r = metrics_listener->listen(cfg->metrics.listen); !r) {
+        sys::logf(sys::Level::error, "{}; /metrics is served on the control socket only", r.error().message);
+        metrics_listener.reset();
+      } else {
+        metrics_listener->start();
+        sys::logf(sys::Level::info, "serving /metrics over TCP on {}", cfg->metrics.listen);
+      }
+    }
 
     sys::logf(sys::Level::notice, "modeld {} ready: {} model(s) configured, hub {} (token: {}), models in {}",
               MODELD_VERSION, cfg->models.size(), cfg->hub.endpoint, token->source, cfg->daemon.models_dir.string());
@@ -201,20 +227,70 @@ int main(int argc, char** argv) {
       pet();
     }
 
+    // SIGHUP (systemctl reload): re-read the configuration off the event loop, take it over when
+    // it is valid, keep the old one otherwise. One reload at a time; a SIGHUP during one runs
+    // another right after it, so the last edit always gets read.
+    bool reloading = false, reload_again = false, stopping = false;
+    std::function<void()> reload;
+    reload = [&] {
+      if (stopping) return;
+      if (reloading) {
+        reload_again = true;
+        return;
+      }
+      reloading = true;
+      sys::notify_reloading("reloading configuration from " + config_file);
+      sys::logf(sys::Level::notice, "SIGHUP: reloading the configuration from {}", config_file);
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        auto fresh = co_await util::on_pool<config::LoadResult>(
+            disk_pool, [&config_file] { return config::load(config_file, config::environment_from_process()); });
+        if (stopping) co_return;
+        const auto running = deployer.config();
+        if (!fresh.config || !fresh.problems.empty()) {
+          for (const auto& p : fresh.problems) sys::log(sys::Level::error, {}, p.to_string());
+          sys::logf(sys::Level::error,
+                    "configuration {} is invalid: {} problem(s); keeping the configuration in use ({} model(s))",
+                    config_file, fresh.problems.size(), running->models.size());
+          metrics.reloaded(false);
+        } else {
+          for (const auto& c : config::keep_fixed_settings(*running, *fresh.config))
+            sys::logf(sys::Level::warning, "{} changed from {} to {}: it takes effect when modeld restarts; "
+                      "keeping {} until then", c.key, c.running, c.requested, c.running);
+          deployer.reconfigure(std::make_shared<const config::Config>(std::move(*fresh.config)));
+          metrics.reloaded(true);
+        }
+        reloading = false;
+        sys::notify_ready(deployer.status_line());
+        if (reload_again) {
+          reload_again = false;
+          reload();
+        }
+      }, [](std::exception_ptr e) {
+        if (!e) return;
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          sys::logf(sys::Level::error, "configuration reload failed: {}", ex.what());
+        }
+      });
+    };
+
     asio::signal_set signals(io, SIGTERM, SIGINT, SIGHUP);
     asio::steady_timer grace(io);
     std::function<void(boost::system::error_code, int)> on_signal = [&](boost::system::error_code e, int sig) {
       if (e) return;
       if (sig == SIGHUP) {
-        sys::log(sys::Level::warning, {}, "SIGHUP: configuration reload is not supported yet, ignoring");
+        reload();
         signals.async_wait(on_signal);
         return;
       }
+      stopping = true;
       sys::logf(sys::Level::notice, "{}: stopping; a running deployment continues at the next start",
                 sig == SIGTERM ? "SIGTERM" : "SIGINT");
       sys::notify_stopping();
       auto stop_all = [&] {
         server.stop();
+        if (metrics_listener) metrics_listener->stop();
         watchdog.cancel();
         grace.cancel();
         io.stop();

@@ -11,6 +11,9 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cctype>
@@ -19,6 +22,7 @@
 #include <span>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 
 namespace modeld::config {
 
@@ -224,10 +228,13 @@ std::string strip_trailing_slashes(std::string s) {
   return s;
 }
 
-// "HOST:PORT" with a port 1..65535; HOST may be an IPv6 address in brackets.
+// "HOST:PORT" with a port 1..65535. HOST is an IPv4 address, an IPv6 address in brackets or a
+// host name (letters, digits, '-' and '.'); an IPv6 address without brackets is refused, since
+// its last group could not be told from the port.
 bool valid_listen_address(std::string_view listen) {
   auto colon = listen.rfind(':');
   if (colon == std::string_view::npos || colon == 0) return false;
+  std::string_view host = listen.substr(0, colon);
   std::string_view port = listen.substr(colon + 1);
   if (port.empty() || port.size() > 5) return false;
   unsigned value = 0;
@@ -235,7 +242,17 @@ bool valid_listen_address(std::string_view listen) {
     if (c < '0' || c > '9') return false;
     value = value * 10 + static_cast<unsigned>(c - '0');
   }
-  return value >= 1 && value <= 65535;
+  if (value < 1 || value > 65535) return false;
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return false;
+    std::string inner(host.substr(1, host.size() - 2));
+    in6_addr a6{};
+    return ::inet_pton(AF_INET6, inner.c_str(), &a6) == 1;
+  }
+  if (host.size() > 253 || host.front() == '-' || host.front() == '.') return false;
+  return std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
+  });
 }
 
 // Checks one file's tree and fills a Config, recording every problem with its position.
@@ -488,7 +505,8 @@ class Checker {
         out.listen = listen;
       else
         problem(t.get("listen")->source(),
-                fmt::format("metrics.listen must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\") or empty, got \"{}\"",
+                fmt::format("metrics.listen must be \"HOST:PORT\" with a port 1..65535 and an IPv6 host in brackets "
+                            "(e.g. \"127.0.0.1:9464\", \"[::1]:9464\") or empty, got \"{}\"",
                             listen));
     }
   }
@@ -725,6 +743,33 @@ LoadResult load(const fs::path& file, const Environment& env) {
 
   if (problems.empty()) result.config = std::move(config);
   return result;
+}
+
+std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded) {
+  std::vector<FixedChange> out;
+  auto keep = [&out](std::string_view key, auto& requested, const auto& in_use) {
+    if (requested == in_use) return;
+    auto text = [](const auto& v) -> std::string {
+      using V = std::decay_t<decltype(v)>;
+      if constexpr (std::is_same_v<V, fs::path>) return "\"" + v.string() + "\"";
+      else if constexpr (std::is_same_v<V, std::string>) return "\"" + v + "\"";
+      else return fmt::format("{} ms", v.count());
+    };
+    out.push_back(FixedChange{std::string(key), text(in_use), text(requested)});
+    requested = in_use;
+  };
+  keep("daemon.models_dir", reloaded.daemon.models_dir, running.daemon.models_dir);
+  keep("daemon.state_dir", reloaded.daemon.state_dir, running.daemon.state_dir);
+  keep("daemon.socket", reloaded.daemon.socket, running.daemon.socket);
+  keep("daemon.unit_dir", reloaded.daemon.unit_dir, running.daemon.unit_dir);
+  keep("daemon.service_manager", reloaded.daemon.service_manager, running.daemon.service_manager);
+  keep("control.group", reloaded.control.group, running.control.group);
+  keep("hub.endpoint", reloaded.hub.endpoint, running.hub.endpoint);
+  keep("hub.token_file", reloaded.hub.token_file, running.hub.token_file);
+  keep("hub.ca_file", reloaded.hub.ca_file, running.hub.ca_file);
+  keep("hub.read_timeout", reloaded.hub.read_timeout, running.hub.read_timeout);
+  keep("metrics.listen", reloaded.metrics.listen, running.metrics.listen);
+  return out;
 }
 
 }  // namespace modeld::config

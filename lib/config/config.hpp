@@ -24,11 +24,15 @@ struct DaemonConfig {
   /// How model servers run: "systemd" (units over D-Bus) or "process" (children of modeld in
   /// their own process groups, for hosts without systemd as PID 1).
   std::string service_manager = "systemd";
+
+  friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
 
 /// [control]: who may call mutating routes besides root.
 struct ControlConfig {
   std::string group = "modeld";
+
+  friend bool operator==(const ControlConfig&, const ControlConfig&) = default;
 };
 
 /// [hub]: the Hub endpoint, credentials and download settings.
@@ -41,11 +45,17 @@ struct HubConfig {
   /// Longest wait for the next bytes of an answer (and for connect plus TLS handshake) before the
   /// request is abandoned and retried; a stalled CDN connection costs at most this much.
   milliseconds read_timeout = std::chrono::seconds(30);
+
+  friend bool operator==(const HubConfig&, const HubConfig&) = default;
 };
 
 /// [metrics]
 struct MetricsConfig {
-  std::string listen;  ///< "HOST:PORT" to also serve /metrics over TCP; empty = socket only
+  /// "HOST:PORT" to also serve /metrics over TCP; empty = socket only. HOST is an IPv4
+  /// address, an IPv6 address in brackets ("[::1]:9464") or a host name; PORT 1..65535.
+  std::string listen;
+
+  friend bool operator==(const MetricsConfig&, const MetricsConfig&) = default;
 };
 
 /// [models.NAME.serve]: how to run the inference server.
@@ -58,6 +68,8 @@ struct ServeConfig {
   milliseconds stop_timeout = std::chrono::minutes(5);
   unsigned gpus = 0;               ///< GPUs the server takes (the first N NVML lists); 0: no GPU check
   std::uint64_t gpu_memory = 0;    ///< bytes that must be free on each of them before launch; 0: any
+
+  friend bool operator==(const ServeConfig&, const ServeConfig&) = default;
 };
 
 /// [models.NAME.health]: readiness and post-deploy probes.
@@ -69,6 +81,8 @@ struct HealthConfig {
   milliseconds stall_timeout = std::chrono::minutes(10);
   milliseconds watch_interval = std::chrono::seconds(30);
   unsigned watch_failures = 3;  ///< consecutive failed probes before a restart, >= 1
+
+  friend bool operator==(const HealthConfig&, const HealthConfig&) = default;
 };
 
 /// [models.NAME.benchmark]
@@ -76,6 +90,8 @@ struct BenchmarkConfig {
   bool enabled = false;
   std::string prompt = "Write a haiku about GPUs.";
   unsigned max_tokens = 256;  ///< >= 1
+
+  friend bool operator==(const BenchmarkConfig&, const BenchmarkConfig&) = default;
 };
 
 /// [models.NAME]: one deployable model.
@@ -90,6 +106,9 @@ struct ModelConfig {
   HealthConfig health;
   BenchmarkConfig benchmark;
   std::filesystem::path source_file;  ///< the file that defined this model, for messages
+
+  /// Whole-value comparison (source_file included), e.g. to tell a reload's changed models.
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 /// The whole configuration after defaults and environment are applied.
@@ -135,6 +154,20 @@ struct LoadResult {
   std::vector<Problem> problems;
 };
 LoadResult load(const std::filesystem::path& file, const Environment& env);
+
+/// A setting that a running daemon cannot take over from a reloaded configuration.
+struct FixedChange {
+  std::string key;        ///< e.g. "daemon.models_dir"
+  std::string running;    ///< the value in use, as written in messages
+  std::string requested;  ///< the value the reloaded configuration asks for
+};
+
+/// For a configuration reload (SIGHUP): finds every setting of `reloaded` that only takes effect
+/// at the next start of modeld (daemon.*, except disk_reserve; control.group; hub.endpoint,
+/// token_file, ca_file, read_timeout; metrics.listen), sets it back to the value `running` has,
+/// and returns what differed, in that order. Models, hub.parallel_files, hub.max_bytes_per_s
+/// and daemon.disk_reserve are left as reloaded.
+std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded);
 
 /// Returns `model.serve.command` with {model_dir} (`model_dir`), {name}, {served_name} and {port}
 /// replaced wherever they occur inside each argument ("--port={port}"), in one pass (substituted

@@ -2,6 +2,7 @@
 // the JSON shapes of interface.md "Control API".
 
 #include "control/routes.hpp"
+#include "control/metrics.hpp"
 #include "util/json.hpp"
 
 #include "deploy/deployment.hpp"
@@ -300,27 +301,78 @@ std::string label_value(std::string_view v) {
 }  // namespace
 
 std::string metrics_text(const deploy::Engine& engine) {
+  MetricCounters counters;
+  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
+    if (d.ended()) ++counters.deployments[std::string(deploy::to_string(d.state))];
+  return metrics_text(engine, counters);
+}
+
+std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters) {
   std::string out;
-  out += "# HELP modeld_up Whether modeld is running (always 1 when it answers).\n";
-  out += "# TYPE modeld_up gauge\n";
+  auto family = [&out](std::string_view name, std::string_view type, std::string_view help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  family("modeld_up", "gauge", "Whether modeld is running (always 1 when it answers).");
   out += "modeld_up 1\n";
 
-  // Counted from the retained history for now, so the values may drop when old records age
-  // out; a persisted counter replaces this when the engine keeps one.
-  std::map<std::string_view, std::uint64_t> by_result{
-      {"succeeded", 0}, {"failed", 0}, {"cancelled", 0}, {"rolled_back", 0}};
-  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
-    if (d.ended()) ++by_result[deploy::to_string(d.state)];
-  out += "# HELP modeld_deployments_total Deployments that ended, by terminal state.\n";
-  out += "# TYPE modeld_deployments_total counter\n";
-  for (const auto& [result, n] : by_result)
-    out += fmt::format("modeld_deployments_total{{result=\"{}\"}} {}\n", result, n);
+  family("modeld_deployments_total", "counter", "Deployments that ended, by terminal state.");
+  for (std::string_view result : {"succeeded", "failed", "cancelled", "rolled_back"}) {
+    auto it = counters.deployments.find(std::string(result));
+    out += fmt::format("modeld_deployments_total{{result=\"{}\"}} {}\n", result,
+                       it == counters.deployments.end() ? 0 : it->second);
+  }
 
-  out += "# HELP modeld_active_model_info The model in service and its commit.\n";
-  out += "# TYPE modeld_active_model_info gauge\n";
+  const auto current = engine.current();
+  family("modeld_deployment_running", "gauge", "Whether a deployment runs now.");
+  out += fmt::format("modeld_deployment_running {}\n", current && !current->ended() ? 1 : 0);
+
+  // Durations of each phase: the deployment that ran it last (what an operator compares with),
+  // and totals since the daemon started for averages (rate(total) / rate(runs)). Plain counters
+  // rather than a histogram: the buckets that would fit a 2 s planning and a 3 h download differ
+  // too much to be useful in one family.
+  family("modeld_phase_duration_seconds", "gauge",
+         "Time the deployment that ran each phase last spent in it, in seconds.");
+  for (const auto& [phase, d] : counters.phases)
+    out += fmt::format("modeld_phase_duration_seconds{{phase=\"{}\"}} {}\n", label_value(phase), d.last);
+  family("modeld_phase_seconds_total", "counter", "Time all deployments since modeld started spent in each phase, in seconds.");
+  for (const auto& [phase, d] : counters.phases)
+    out += fmt::format("modeld_phase_seconds_total{{phase=\"{}\"}} {}\n", label_value(phase), d.sum);
+  family("modeld_phase_runs_total", "counter", "Phases run to their end by deployments since modeld started.");
+  for (const auto& [phase, d] : counters.phases)
+    out += fmt::format("modeld_phase_runs_total{{phase=\"{}\"}} {}\n", label_value(phase), d.count);
+
+  family("modeld_download_bytes_total", "counter", "Checkpoint bytes written by downloads since modeld started.");
+  out += fmt::format("modeld_download_bytes_total {}\n", counters.download_bytes);
+  family("modeld_download_rate_bytes_per_second", "gauge",
+         "Download rate of the running deployment now (0 when nothing downloads), in bytes per second.");
+  double rate = 0;
+  if (current && !current->ended() && current->phase == deploy::Phase::downloading)
+    rate = current->progress.rate_bytes_per_s;
+  out += fmt::format("modeld_download_rate_bytes_per_second {}\n", rate);
+
+  family("modeld_verification_failures_total", "counter",
+         "Checkpoints found damaged: deployments failed by a size, checksum, safetensors or completeness check "
+         "(source=deployment), and modelctl verify runs that found problems (source=verify).");
+  for (std::string_view source : {"deployment", "verify"}) {
+    auto it = counters.verification_failures.find(std::string(source));
+    out += fmt::format("modeld_verification_failures_total{{source=\"{}\"}} {}\n", source,
+                       it == counters.verification_failures.end() ? 0 : it->second);
+  }
+
+  family("modeld_config_reloads_total", "counter", "Configuration reloads (SIGHUP), taken over or refused.");
+  for (std::string_view result : {"success", "failure"}) {
+    auto it = counters.reloads.find(std::string(result));
+    out += fmt::format("modeld_config_reloads_total{{result=\"{}\"}} {}\n", result,
+                       it == counters.reloads.end() ? 0 : it->second);
+  }
+  family("modeld_config_last_reload_successful", "gauge",
+         "Whether the last configuration reload was taken over (1 until the first reload).");
+  out += fmt::format("modeld_config_last_reload_successful {}\n", counters.last_reload_ok.value_or(true) ? 1 : 0);
+
+  family("modeld_active_model_info", "gauge", "The model in service, its commit and its unit.");
   if (auto a = engine.active())
-    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\"}} 1\n",
-                       label_value(a->model), label_value(a->commit));
+    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
+                       label_value(a->model), label_value(a->commit), label_value(a->unit));
 
   // The post-deploy watchdog, one series per model watched since the daemon started.
   const auto watched = engine.watchdogs();
@@ -456,7 +508,8 @@ json plan_json(const deploy::PlanReport& p) {
               {"shortfall_bytes", p.shortfall_bytes},
               {"allow_downtime", p.allow_downtime},
               {"active_model", p.active_model ? json(*p.active_model) : json(nullptr)},
-              {"rollback_possible", p.rollback_possible}};
+              {"rollback_possible", p.rollback_possible},
+              {"fits_with_allow_downtime", p.fits_with_allow_downtime}};
 }
 
 json verify_json(const deploy::VerifyReport& r) {

@@ -90,8 +90,20 @@ Response error_response(unsigned status, const Error& error);
 /// several data: lines, as the SSE format requires).
 std::string sse_message(const deploy::Event& event);
 
-/// The Prometheus text exposition of GET /metrics (modeld_up, modeld_deployments_total by
-/// result, modeld_active_model_info).
+struct MetricCounters;
+
+/// The Prometheus text exposition of GET /metrics with the deployment counts taken from the
+/// engine's history and every other counter at 0 (the server answers with a MetricsCollector's
+/// counters instead).
 std::string metrics_text(const deploy::Engine& engine);
+
+/// The Prometheus text exposition of GET /metrics (docs/interface.md "Added by this project"):
+/// modeld_up, modeld_deployments_total{result}, modeld_deployment_running,
+/// modeld_phase_duration_seconds{phase} (the last run's), modeld_phase_seconds_total{phase},
+/// modeld_phase_runs_total{phase}, modeld_download_bytes_total,
+/// modeld_download_rate_bytes_per_second, modeld_verification_failures_total{source},
+/// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit}, the
+/// watchdog's series (modeld_readiness_probe_seconds{model} ...) and the benchmark's.
+std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters);
 
 }  // namespace modeld::control

@@ -136,8 +136,15 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   bool stopped = false;
   std::uint64_t next_id = 0;
   std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> conns;
+  std::size_t refused_since_note = 0;
+  std::chrono::steady_clock::time_point last_refusal_note{};
 
   asio::awaitable<void> accept_loop();
+  // Why a new connection of `peer` is over the limits (Limits), or nullopt when it may stay.
+  std::optional<std::string> over_limit(const Peer& peer) const;
+  void note_refusal(const Peer& peer, const std::string& why);
+  // Answers 503 naming `why`, then closes; not counted among the connections.
+  asio::awaitable<void> refuse(std::shared_ptr<Conn> conn, std::string why);
   asio::awaitable<void> session(std::shared_ptr<Conn> conn, std::uint64_t id);
   asio::awaitable<void> stream_events(std::shared_ptr<Conn> conn);
   asio::awaitable<void> answer_and_close(Conn& conn, unsigned status, const Error& error);
@@ -260,20 +267,55 @@ asio::awaitable<void> Server::Impl::accept_loop() {
       co_await backoff.async_wait(use_tuple);
       continue;
     }
-    if (conns.size() >= options.limits.max_connections) {
-      sys::logf(sys::Level::warning,
-                "control: {} connections open, closing a new one", conns.size());
-      boost::system::error_code ignored;
-      socket.close(ignored);
+    auto conn = std::make_shared<Conn>(std::move(socket));
+    auto peer = peer_credentials(conn->stream.socket().native_handle());
+    if (!peer) {
+      sys::log(sys::Level::warning, {}, peer.error().message);
+      conn->close();
+      continue;
+    }
+    conn->peer = *peer;
+    if (auto why = over_limit(conn->peer)) {
+      note_refusal(conn->peer, *why);
+      spawn(refuse(std::move(conn), *why), "control refusal");
       continue;
     }
     // Counted from here, not from when the session first runs, so that a burst of accepts
     // cannot pass the limit.
-    auto conn = std::make_shared<Conn>(std::move(socket));
     const auto id = next_id++;
     conns.emplace(id, conn);
     spawn(session(std::move(conn), id), "control connection");
   }
+}
+
+std::optional<std::string> Server::Impl::over_limit(const Peer& peer) const {
+  const auto& l = options.limits;
+  if (conns.size() < l.max_connections) {
+    std::size_t mine = 0;
+    for (const auto& [id, weak] : conns)
+      if (auto c = weak.lock(); c && c->peer.uid == peer.uid) ++mine;
+    if (mine < l.per_user_connections || access.allows(peer)) return std::nullopt;
+    return fmt::format("uid {} has {} connections open, the most one user may hold", peer.uid, mine);
+  }
+  // Full for everyone else: root and control.group members still get the reserve.
+  if (conns.size() < l.max_connections + l.reserved_connections && access.allows(peer)) return std::nullopt;
+  return fmt::format("{} connections are open, the most modeld serves at once", conns.size());
+}
+
+void Server::Impl::note_refusal(const Peer& peer, const std::string& why) {
+  // One journal line per 10 s at most: a client in a reconnect loop must not flood the journal.
+  ++refused_since_note;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_refusal_note < std::chrono::seconds(10)) return;
+  sys::logf(sys::Level::warning, "control: refused a connection of uid {} (pid {}): {} ({} refused in the last 10 s)",
+            peer.uid, peer.pid, why, refused_since_note);
+  refused_since_note = 0;
+  last_refusal_note = now;
+}
+
+asio::awaitable<void> Server::Impl::refuse(std::shared_ptr<Conn> conn, std::string why) {
+  co_await answer_and_close(*conn, 503, make_error(Errc::bad_request, "too many connections: " + why));
+  conn->close();
 }
 
 asio::awaitable<void> Server::Impl::answer_and_close(Conn& conn, unsigned status, const Error& error) {
@@ -311,12 +353,6 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uin
   } leave{*this, id, conn};
 
   if (stopped) co_return;
-  auto peer = peer_credentials(conn->stream.socket().native_handle());
-  if (!peer) {
-    sys::log(sys::Level::warning, {}, peer.error().message);
-    co_return;
-  }
-  conn->peer = *peer;
   const auto& limits = options.limits;
   // Room for one whole request and the start of a pipelined next one; the parser's limits
   // are what bound a single request.
@@ -362,7 +398,17 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uin
     Request req{std::string(msg.method_string()), std::string(msg.target()), std::move(msg.body())};
     const bool keep_alive = msg.keep_alive();
     const unsigned version = msg.version();
-    Response r = co_await handle_async(std::move(req), conn->peer, engine, access);
+    Response r;
+    const std::string_view path = std::string_view(req.target).substr(0, req.target.find('?'));
+    if (options.metrics && path == "/metrics" && req.method == "GET") {
+      // The same route as handle()'s, with the counters that only the event stream gives.
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = options.metrics->text();
+    } else {
+      Request seen{req.method, req.target, {}};
+      r = co_await handle_async(std::move(req), conn->peer, engine, access);
+      if (options.metrics) options.metrics->observe(seen, r);
+    }
     if (r.event_stream) {
       co_await stream_events(conn);
       co_return;

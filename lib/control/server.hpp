@@ -4,6 +4,7 @@
 // hard limits on headers, bodies, connections and time, keep-alive, and Server-Sent Events
 // for GET /v1/events. Routes live in lib/control/routes.hpp.
 
+#include "control/metrics.hpp"
 #include "control/routes.hpp"
 #include "deploy/engine.hpp"
 #include "util/error.hpp"
@@ -22,7 +23,13 @@ namespace modeld::control {
 struct Limits {
   std::size_t header_bytes = 8 * 1024;   ///< request line and headers; more is 431
   std::size_t body_bytes = 64 * 1024;    ///< request body; more is 413
-  std::size_t max_connections = 64;      ///< connections at once; more are closed on accept
+  std::size_t max_connections = 64;      ///< connections at once; more are answered 503 and closed
+  /// Connections at once of one uid that is neither root nor in control.group, so that one local
+  /// user (64 open event streams, say) cannot lock out the others.
+  std::size_t per_user_connections = 16;
+  /// Connections beyond max_connections kept for root and control.group members, so that an
+  /// operator can always reach modeld (modelctl cancel) while unprivileged clients fill the rest.
+  std::size_t reserved_connections = 16;
   std::chrono::milliseconds read_timeout = std::chrono::seconds(30);   ///< to read one request
   std::chrono::milliseconds write_timeout = std::chrono::seconds(30);  ///< to write one response
   std::chrono::milliseconds keepalive_interval = std::chrono::seconds(15);  ///< SSE comment period
@@ -35,6 +42,9 @@ struct Options {
   std::string group = "modeld";  ///< control.group: may call mutating routes besides root
   Limits limits;
   IsMember is_member;  ///< membership check; peer_in_group when empty (tests inject their own)
+  /// Answers GET /metrics with its counters (the daemon's); null: metrics_text(engine) from the
+  /// history alone. Must outlive the server; it observes every answered request.
+  MetricsCollector* metrics = nullptr;
 };
 
 /// The server. Create, listen() or adopt(), start(); stop() before the io_context stops.
@@ -65,6 +75,8 @@ class Server {
 
   /// Connections open now (for tests and metrics).
   std::size_t connections() const;
+
+
 
  private:
   struct Impl;

@@ -15,6 +15,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
@@ -26,6 +27,10 @@ using Clock = std::chrono::steady_clock;
 
 /// The live part of the running deployment.
 struct Deployer::Running {
+  explicit Running(Services s) : services(std::move(s)) {}
+  /// The services with the configuration this deployment started with: a reload never changes
+  /// what a running deployment does.
+  Services services;
   Deployment record;
   std::unique_ptr<Run> run;
   asio::cancellation_signal cancel;  ///< bound to the phase that runs now
@@ -102,8 +107,10 @@ asio::awaitable<void> Deployer::recover() {
   const bool takes_over = unfinished && unfinished->old_stopped;
   bool watch = false;           // the active model may be watched when no deployment continues
   bool started_unit = false;    // recover started its unit: readiness comes before the first probe
+  // A reload while this runs must not free the model tables it reads.
+  const auto cfg = services_.config;
   if (state_.active && !takes_over) {
-    const auto* m = services_.config->find_model(state_.active->model);
+    const auto* m = cfg->find_model(state_.active->model);
     sys::Fields f;
     f.model = state_.active->model;
     if (!m) {
@@ -176,6 +183,69 @@ asio::awaitable<void> Deployer::recover() {
   announce_status();
 }
 
+void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
+  const auto old = services_.config;
+  services_.config = std::move(config);
+  const auto& fresh = *services_.config;
+
+  std::vector<std::string> added, removed, changed;
+  for (const auto& [name, m] : fresh.models) {
+    const auto* before = old->find_model(name);
+    if (!before) added.push_back(name);
+    else if (!(*before == m)) changed.push_back(name);
+  }
+  for (const auto& [name, m] : old->models)
+    if (!fresh.find_model(name)) removed.push_back(name);
+  auto list = [](const std::vector<std::string>& v) {
+    return v.empty() ? std::string("none") : fmt::format("{}", fmt::join(v, ", "));
+  };
+  sys::logf(sys::Level::notice, "configuration reloaded: {} model(s); added: {}; removed: {}; changed: {}",
+            fresh.models.size(), list(added), list(removed), list(changed));
+
+  if (running_) {
+    sys::Fields f = running_->run->fields();
+    sys::logf(sys::Level::notice, f,
+              "deployment {} of {} continues with the configuration it started with; the reloaded one applies "
+              "to later deployments",
+              running_->record.id, running_->record.model);
+  }
+  if (!state_.active || shutting_down_) return;
+  const std::string active = state_.active->model;
+  sys::Fields f;
+  f.model = active;
+  const auto* now = fresh.find_model(active);
+  const auto* before = old->find_model(active);
+  if (!now) {
+    if (before)
+      sys::logf(sys::Level::warning, f,
+                "active model {} is no longer configured: {} keeps running, but it is not watched any more",
+                active, units::serve_unit(active));
+    watchdog_->cancel();
+    return;
+  }
+  if (before && *before == *now) return;
+  if (running_) return;  // the deployment owns the drop-ins and the watchdog until it ends
+  // The active model's table changed: rewrite its drop-in (the server picks it up at its next
+  // start) and watch it again with the new intervals. A model configured again after a reload
+  // had removed it is watched again too.
+  const bool rewatch = watchdog_->running() || !before;
+  asio::co_spawn(io_, [this, active, f, rewatch]() -> asio::awaitable<void> {
+    auto cfg = services_.config;
+    const auto* m = cfg->find_model(active);
+    if (!m || running_ || shutting_down_) co_return;
+    if (auto r = co_await install_dropin(services_, *m); !r)
+      sys::logf(sys::Level::error, f, "reload: cannot rewrite the drop-in of {}: {}", units::serve_unit(active),
+                r.error().message);
+    else
+      sys::logf(sys::Level::info, f,
+                "reload: rewrote the drop-in of {}; the running server keeps its settings until it restarts",
+                units::serve_unit(active));
+    co_await watchdog_->stop();
+    if (rewatch && !running_ && !shutting_down_ && state_.active && state_.active->model == active)
+      watch_active(false);
+  }, asio::detached);
+}
+
 void Deployer::watch_active(bool wait_ready_first) {
   if (!state_.active || shutting_down_ || running_) return;
   watchdog_->start(state_.active->model, wait_ready_first);
@@ -241,9 +311,9 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
 }
 
 void Deployer::begin(Deployment d, Phase first) {
-  auto r = std::make_shared<Running>();
+  auto r = std::make_shared<Running>(services_);
   r->record = std::move(d);
-  const auto* model = services_.config->find_model(r->record.model);
+  const auto* model = r->services.config->find_model(r->record.model);
   r->run = std::make_unique<Run>(Run{r->record, *model, {}, state_.last_active, {}, {}, {}, {}, {}});
   if (r->record.previous_model && r->record.previous_commit)
     r->run->previous = ActiveRecord{*r->record.previous_model, *r->record.previous_commit, ""};
@@ -262,7 +332,7 @@ void Deployer::begin(Deployment d, Phase first) {
 }
 
 asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
-  auto& s = services_;
+  auto& s = r.services;
   auto& run = *r.run;
   auto body = [&]() -> asio::awaitable<Result<void>> {
     switch (p) {
@@ -393,7 +463,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
   emit("phase", d);
   announce_status();
   asio::cancellation_signal never;
-  auto [ex, res] = co_await asio::co_spawn(io_, run_rolling_back(services_, *r.run),
+  auto [ex, res] = co_await asio::co_spawn(io_, run_rolling_back(r.services, *r.run),
                                            asio::bind_cancellation_slot(never.slot(), asio::as_tuple(asio::use_awaitable)));
   const std::string first_reason = d.error ? d.error->message : "interrupted by a daemon restart";
   if (ex || !res) {

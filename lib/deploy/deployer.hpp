@@ -49,6 +49,18 @@ class Deployer final : public Engine {
   /// recorded as running so the next start continues it; calls `done` once nothing runs any more.
   void shutdown(std::function<void()> done);
 
+  /// Takes over a reloaded configuration (SIGHUP): new deployments, plans, verify, rm, the model
+  /// list and the watchdog use `config` from now on. A running deployment is not interrupted: it
+  /// finishes (or rolls back) with the configuration it started with. When no deployment runs
+  /// and the active model's table changed, its drop-in is rewritten (the server keeps running
+  /// with its old settings until its next start) and the watchdog starts over with the new
+  /// intervals. Settings that need a restart must already be set back (keep_fixed_settings).
+  /// Logs what changed; never fails.
+  void reconfigure(std::shared_ptr<const config::Config> config);
+
+  /// The configuration in use now (the one of the last successful reload).
+  std::shared_ptr<const config::Config> config() const { return services_.config; }
+
   /// A one-line summary for sd_notify STATUS=, e.g. "downloading kimi-k2-5: 37% of 547.0 GB, ...".
   std::string status_line() const;
 

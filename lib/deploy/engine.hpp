@@ -76,6 +76,8 @@ struct PlanReport {
   bool allow_downtime = false;
   std::optional<std::string> active_model;  ///< the model in service when planned
   bool rollback_possible = true;      ///< false when the plan evicts the active model
+  /// Without allow_downtime and not fitting: whether evicting the active model would make it fit.
+  bool fits_with_allow_downtime = false;
 };
 
 /// One thing wrong with a model on disk (POST /v1/models/{name}/verify).

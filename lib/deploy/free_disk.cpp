@@ -76,14 +76,23 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   if (!plan.fits) {
     std::uint64_t evictable = 0;
     for (const auto& c : plan.evict) evictable += c.size_bytes;
+    // Say so when evicting the model in service would make room: the operator decides.
+    std::string hint;
+    if (active && !run.record.downtime_first) {
+      auto with_active = plan_freeing_disk(s, need, run.model.name, active, run.last_active, true);
+      if (with_active && with_active->fits)
+        hint = fmt::format("; it fits if the active model {} is evicted: deploy with --allow-downtime (no rollback "
+                           "is possible then)",
+                           *active);
+    }
     co_return make_error(
         Errc::disk_full,
         fmt::format("model {} needs {} more on {}, but only {} is available ({} free minus disk_reserve {}), "
-                    "and evicting every other unpinned, inactive model would free only {}",
+                    "and evicting every other unpinned, inactive model would free only {}{}",
                     run.model.name, util::format_bytes(need), cfg.daemon.models_dir.string(),
                     util::format_bytes(*free > cfg.daemon.disk_reserve ? *free - cfg.daemon.disk_reserve : 0),
                     util::format_bytes(*free), util::format_bytes(cfg.daemon.disk_reserve),
-                    util::format_bytes(evictable)));
+                    util::format_bytes(evictable), hint));
   }
   if (plan.evict.empty()) {
     sys::logf(sys::Level::info, run.fields(), "nothing to free: {} needed, {} free, {} reserved",

@@ -83,8 +83,9 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run) {
   if (!aside) co_return aside.error();
   if (*aside)
     sys::logf(sys::Level::notice, run.fields(),
-              "moved {} (a folder made outside modeld) to {}; the files adopted from it stay in the revision as "
-              "hard links, delete it when it is no longer needed",
+              "moved {} (a folder made outside modeld) to {}; its adopted files are hard links of the files "
+              "that serve now: do not edit them there (it would change the model in service), delete the folder "
+              "when it is no longer needed",
               s.store.model_path(run.model.name).string(), (*aside)->string());
   if (auto r = s.store.switch_link(run.model.name, commit); !r) co_return r.error();
   if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();

@@ -239,6 +239,10 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
     evicted += c.size_bytes;
     p.evictions.push_back(std::move(e));
   }
+  if (!p.fits && !allow_downtime && active) {
+    auto with_active = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, true);
+    p.fits_with_allow_downtime = with_active && with_active->fits;
+  }
   if (!p.fits) {
     __extension__ using u128 = unsigned __int128;
     const u128 want = u128(p.bytes_needed) + p.disk_reserve, have = u128(p.bytes_free) + evicted;

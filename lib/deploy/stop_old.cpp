@@ -45,9 +45,15 @@ struct Leftovers {
   }
 };
 
+// The processes of `unit`'s control group; none (with a warning) when systemd cannot list them,
+// since the unit state and the ports are checked besides and a transient bus error must not cost
+// the host its model.
 asio::awaitable<Result<std::set<std::uint32_t>>> pids_of(Services& s, const std::string& unit) {
   auto pids = co_await s.units.pids(unit);
-  if (!pids) co_return pids.error();
+  if (!pids) {
+    sys::logf(sys::Level::warning, "cannot list the processes of {}: {}; counting none", unit, pids.error().message);
+    co_return std::set<std::uint32_t>{};
+  }
   co_return std::set<std::uint32_t>(pids->begin(), pids->end());
 }
 

@@ -100,12 +100,13 @@ Result<Adoption> Store::scan_adoption(const std::string& name, const std::string
     const auto src = folder / f.path;
     if (::lstat(src.c_str(), &st) != 0) continue;  // simply not there: downloaded
     if (auto via = link_on_the_way(folder, f.path); !via.empty()) {
-      out.rejected.push_back({f.path, fmt::format("{}: reached through {}, a symbolic link or not a folder; not adopted",
+      out.rejected.push_back({f.path, fmt::format("{}: reached through {}, a symbolic link or not a folder",
                                                    src.string(), via)});
       continue;
     }
     if (!S_ISREG(st.st_mode)) {
-      out.rejected.push_back({f.path, fmt::format("{}: not a regular file (a symbolic link?); not adopted", src.string())});
+      out.rejected.push_back({f.path, fmt::format("{}: {}", src.string(),
+                                                  S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file")});
       continue;
     }
     if (static_cast<std::uint64_t>(st.st_size) != f.size) {
@@ -151,13 +152,13 @@ Result<Adoption> Store::adopt(const std::string& name, const std::string& commit
   for (const auto& f : out.candidates) {
     const auto src = folder / f.path;
     if (auto bad = problems.find(f.path); bad != problems.end()) {
-      out.rejected.push_back({f.path, fmt::format("{} (in {})", bad->second, folder.string())});
+      out.rejected.push_back({f.path, fmt::format("{}/{}", folder.string(), bad->second)});
       continue;
     }
     auto now = identity_of(src);
     auto was = before.find(f.path);
     if (!now || was == before.end() || *now != was->second) {
-      out.rejected.push_back({f.path, fmt::format("{}: changed while it was hashed; not adopted", src.string())});
+      out.rejected.push_back({f.path, fmt::format("{}: changed while it was hashed", src.string())});
       continue;
     }
     const auto dest = target / f.path;

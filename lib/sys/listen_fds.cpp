@@ -3,6 +3,11 @@
 #include <systemd/sd-daemon.h>
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstddef>
+#include <cstring>
 
 namespace modeld::sys {
 
@@ -15,6 +20,17 @@ std::vector<int> listen_fds() {
     out.push_back(fd);
   }
   return out;
+}
+
+std::string unix_socket_path(int fd) {
+  sockaddr_un addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || addr.sun_family != AF_UNIX)
+    return {};
+  const auto offset = offsetof(sockaddr_un, sun_path);
+  // Unnamed (len == offset) or abstract (leading NUL): no path in the file system.
+  if (len <= offset || addr.sun_path[0] == '\0') return {};
+  return std::string(addr.sun_path, strnlen(addr.sun_path, len - offset));
 }
 
 }  // namespace modeld::sys

@@ -3,6 +3,7 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstdint>
+#include <ctime>
 #include <string>
 
 namespace modeld::sys {
@@ -13,17 +14,28 @@ namespace {
 // for (the service manager then reports the unit as it sees it), so results are ignored.
 void send(const std::string& state) { (void)sd_notify(0, state.c_str()); }
 
+// The protocol is newline-separated assignments: a newline in the text would end STATUS= early
+// and turn the rest into another assignment.
+std::string status_assignment(std::string_view status) {
+  std::string line = "STATUS=";
+  for (char c : status) line.push_back(c == '\n' || c == '\r' ? ' ' : c);
+  return line;
+}
+
 }  // namespace
 
 void notify_ready() { send("READY=1"); }
 
-void notify_status(std::string_view status) {
-  // The protocol is newline-separated assignments: a newline in the text would end STATUS= early
-  // and turn the rest into another assignment.
-  std::string line = "STATUS=";
-  for (char c : status) line.push_back(c == '\n' || c == '\r' ? ' ' : c);
-  send(line);
+void notify_status(std::string_view status) { send(status_assignment(status)); }
+
+void notify_reloading(std::string_view status) {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  const auto usec = static_cast<std::uint64_t>(ts.tv_sec) * 1000000u + static_cast<std::uint64_t>(ts.tv_nsec) / 1000u;
+  send("RELOADING=1\n" + status_assignment(status) + "\nMONOTONIC_USEC=" + std::to_string(usec));
 }
+
+void notify_ready(std::string_view status) { send("READY=1\n" + status_assignment(status)); }
 
 void notify_stopping() { send("STOPPING=1"); }
 

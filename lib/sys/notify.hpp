@@ -19,6 +19,13 @@ void notify_stopping();
 /// Tells the service manager that the daemon is reloading its configuration (RELOADING=1).
 void notify_reloading();
 
+/// RELOADING=1 with STATUS=`status` and MONOTONIC_USEC (CLOCK_MONOTONIC now, which systemd 253's
+/// Type=notify-reload wants) in one message, so `systemctl status` says why it reloads.
+void notify_reloading(std::string_view status);
+
+/// READY=1 with STATUS=`status` in one message: start-up or a reload is complete.
+void notify_ready(std::string_view status);
+
 /// Pets the watchdog (WATCHDOG=1).
 void notify_watchdog();
 

@@ -19,6 +19,9 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
+
+#include <chrono>
+#include <thread>
 #include <systemd/sd-bus.h>
 
 #include <cstdlib>
@@ -148,11 +151,18 @@ Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
 Result<std::vector<std::uint32_t>> unit_pids(sd_bus* bus, const std::string& unit) {
   BusError err;
   Reply reply;
-  int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "GetUnitProcesses", &err.e,
-                             &reply.m, "s", unit.c_str());
-  if (r < 0) {
+  int r = 0;
+  // systemd answers EIO now and then while processes of the unit exit under its enumeration
+  // (seen with systemd 252 during stops): a transient answer, asked again a few times.
+  for (int attempt = 0;; ++attempt) {
+    sd_bus_error_free(&err.e);  // leaves it SD_BUS_ERROR_NULL for the next call
+    reply.m = sd_bus_message_unref(reply.m);
+    r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "GetUnitProcesses", &err.e, &reply.m, "s",
+                           unit.c_str());
+    if (r >= 0) break;
     if (sd_bus_error_has_name(&err.e, kNoSuchUnit)) return std::vector<std::uint32_t>{};
-    return bus_error(unit, "GetUnitProcesses", r, err.e);
+    if (attempt >= 4) return bus_error(unit, "GetUnitProcesses", r, err.e);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::vector<std::uint32_t> pids;
   r = sd_bus_message_enter_container(reply.m, 'a', "(sus)");

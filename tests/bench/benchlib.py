@@ -230,3 +230,103 @@ def spread(values: list[float], fmt: str) -> str:
     if not values:
         return "-"
     return "/".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+
+
+# --- modeld's event stream ---------------------------------------------------------------------
+
+class EventStream:
+    """GET /v1/events over modeld's control socket, read by a thread that stamps each event with
+    time.monotonic() on receipt; `on_event(kind, data)` runs on that thread right after stamping.
+    (The same reader as tests/bench/download's, shared here for tests/bench/status.)"""
+
+    def __init__(self, socket_path: Path, on_event=None):
+        import queue
+        import socket
+        import threading
+
+        self.events: "queue.Queue[tuple[float, str, dict]]" = queue.Queue()
+        self._empty = queue.Empty
+        self.on_event = on_event
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(str(socket_path))
+        self.sock.sendall(b"GET /v1/events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n")
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise RuntimeError("the event stream closed before its head")
+            buf += chunk
+        head, _, self._rest = buf.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"GET /v1/events answered {head.splitlines()[0]!r}")
+        self.sock.settimeout(None)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        buf = self._rest
+        kind, data = "message", []
+        while True:
+            while b"\n" in buf:
+                line, _, buf = buf.partition(b"\n")
+                line = line.rstrip(b"\r").decode(errors="replace")
+                if line == "":
+                    if data:
+                        t = time.monotonic()
+                        try:
+                            payload = json.loads("\n".join(data))
+                        except ValueError:
+                            payload = {"raw": "\n".join(data)}
+                        if self.on_event:
+                            self.on_event(kind, payload)
+                        self.events.put((t, kind, payload))
+                    kind, data = "message", []
+                elif line.startswith(":"):
+                    continue
+                elif line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.events.put((time.monotonic(), "closed", {}))
+                return
+            buf += chunk
+
+    def next(self, deadline: float) -> tuple[float, str, dict]:
+        """The next event (time, kind, data); TimeoutError when none comes before `deadline`."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no event before the deadline")
+        try:
+            return self.events.get(timeout=left)
+        except self._empty:
+            raise TimeoutError("no event before the deadline") from None
+
+    def close(self):
+        import socket
+
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """The p-th percentile (0..100) of already sorted values, nearest-rank; nan when empty."""
+    if not sorted_values:
+        return float("nan")
+    k = max(0, min(len(sorted_values) - 1, int(-(-p * len(sorted_values) // 100)) - 1))
+    return sorted_values[k]
+
+
+def thread_schedstat(pid: int, tid: int | None = None) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU) of thread `tid` of `pid` (its
+    main thread by default), from /proc/PID/task/TID/schedstat."""
+    fields = Path(f"/proc/{pid}/task/{tid or pid}/schedstat").read_text().split()
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9

@@ -164,10 +164,12 @@ class ModeldEnv:
 
     def __init__(self, workdir: Path | None = None, models: dict[str, dict] | None = None,
                  hub_args: list[str] | None = None, config_extra: str = "", keep: bool = False,
-                 environment: dict[str, str] | None = None):
+                 environment: dict[str, str] | None = None, control_group: str = "root"):
         """`config_extra` goes into the [hub] table of the configuration; `environment` becomes
-        Environment= lines of modeld.service's test drop-in (e.g. HTTPS_PROXY, NO_PROXY)."""
+        Environment= lines of modeld.service's test drop-in (e.g. HTTPS_PROXY, NO_PROXY);
+        `control_group` is [control] group (who besides root may call mutating routes)."""
         self.own_workdir = workdir is None
+        self.control_group = control_group
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="modeld-test-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.repos = self.workdir / "repos"
@@ -206,7 +208,7 @@ unit_dir = "/run/systemd/system"
 disk_reserve = "0"
 
 [control]
-group = "root"
+group = "{self.control_group}"
 
 [hub]
 endpoint = "{self.endpoint or self.hub.endpoint}"

@@ -60,3 +60,12 @@ def test_modelctl_takes_the_socket_from_the_environment(tmp_path: Path):
                        env={"MODELD_SOCKET": str(sock), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 3
     assert str(sock) in r.stderr
+
+
+def test_modelctl_refuses_a_name_that_is_no_model_name_before_asking_the_daemon(tmp_path: Path):
+    sock = tmp_path / "absent.sock"  # never reached: the name is refused first (exit 2, not 3)
+    for argv in (["plan", ""], ["deploy", "a\x1b[31m"], ["rm", "../etc"], ["verify", "Upper"]):
+        r = subprocess.run([MODELCTL, "--socket", str(sock), *argv], capture_output=True, text=True)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        assert "is not a model name" in r.stderr, r.stderr
+        assert "\x1b" not in r.stderr  # control bytes are shown escaped, never sent to the terminal

@@ -241,7 +241,8 @@ def test_allow_downtime_stops_the_old_model_before_evicting_it(small_disk):
         env.deploy_and_wait("old")
 
         plan = json.loads(env.modelctl("--json", "plan", "new").stdout)
-        assert plan["fits"] is False
+        assert plan["fits"] is False and plan["fits_with_allow_downtime"] is True, plan
+        assert "fits with --allow-downtime" in env.modelctl("plan", "new").stdout
         plan = json.loads(env.modelctl("--json", "plan", "new", "--allow-downtime").stdout)
         assert plan["fits"] is True and plan["rollback_possible"] is False, plan
         assert [e["name"] for e in plan["evictions"]] == ["old"]
@@ -249,6 +250,7 @@ def test_allow_downtime_stops_the_old_model_before_evicting_it(small_disk):
         # Without the flag the old model is never touched.
         dep = env.deploy_and_wait("new", expect_exit=1)
         assert dep["state"] == "failed" and dep["error"]["code"] == "disk_full", dep
+        assert "--allow-downtime" in dep["error"]["message"], dep["error"]
         assert completion(ports["old"], "old")
 
         r = env.modelctl("deploy", "new", "--wait", "--allow-downtime")

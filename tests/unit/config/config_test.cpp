@@ -525,3 +525,81 @@ TEST_CASE("an endpoint with a port outside 1..65535 is refused at check time") {
   REQUIRE(r.config);
   CHECK(r.config->hub.endpoint == "http://[::1]:8080");
 }
+
+TEST_CASE("metrics.listen takes IPv4, bracketed IPv6 and host names with a port 1..65535") {
+  for (const char* good : {"127.0.0.1:9464", "0.0.0.0:1", "[::1]:9464", "[::]:65535", "localhost:9464",
+                           "metrics.example.org:9464", ""}) {
+    TempDir dir;
+    fs::path main = dir.write("modeld.toml", fmt::format("[metrics]\nlisten = \"{}\"\n", good));
+    LoadResult r = load(main, Environment{});
+    INFO(good << "\n" << dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->metrics.listen == good);
+  }
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", ":9464", "::1:9464", "[::1:9464",
+                          "[nothost]:9464", "host name:9464", "-host:9464", "127.0.0.1:94x4", "127.0.0.1:"}) {
+    TempDir dir;
+    fs::path main = dir.write("modeld.toml", fmt::format("[metrics]\nlisten = \"{}\"\n", bad));
+    LoadResult r = load(main, Environment{});
+    INFO(bad << "\n" << dump(r));
+    REQUIRE(r.problems.size() == 1);
+    CHECK(find_problem(r, fmt::format("metrics.listen must be \"HOST:PORT\" with a port 1..65535")));
+    CHECK(find_problem(r, fmt::format("got \"{}\"", bad)));
+    CHECK(r.problems[0].line == 2);
+  }
+}
+
+TEST_CASE("a reload keeps the settings that need a restart and takes over the rest") {
+  Config running;
+  running.daemon.models_dir = "/srv/models";
+  running.hub.endpoint = "https://hub.example";
+  running.hub.parallel_files = 8;
+  running.metrics.listen = "127.0.0.1:9464";
+  running.models["a"].repo = "org/a";
+
+  Config reloaded = running;
+  reloaded.daemon.models_dir = "/data/models";
+  reloaded.daemon.disk_reserve = 1;
+  reloaded.control.group = "ops";
+  reloaded.hub.endpoint = "https://mirror.example";
+  reloaded.hub.read_timeout = 5s;
+  reloaded.hub.parallel_files = 16;
+  reloaded.metrics.listen = "";
+  reloaded.models["b"].repo = "org/b";
+
+  auto fixed = keep_fixed_settings(running, reloaded);
+  REQUIRE(fixed.size() == 5);
+  CHECK(fixed[0].key == "daemon.models_dir");
+  CHECK(fixed[0].running == "\"/srv/models\"");
+  CHECK(fixed[0].requested == "\"/data/models\"");
+  CHECK(fixed[1].key == "control.group");
+  CHECK(fixed[2].key == "hub.endpoint");
+  CHECK(fixed[3].key == "hub.read_timeout");
+  CHECK(fixed[3].running == "30000 ms");
+  CHECK(fixed[3].requested == "5000 ms");
+  CHECK(fixed[4].key == "metrics.listen");
+  // Set back to what runs ...
+  CHECK(reloaded.daemon.models_dir == "/srv/models");
+  CHECK(reloaded.control.group == "modeld");
+  CHECK(reloaded.hub.endpoint == "https://hub.example");
+  CHECK(reloaded.hub.read_timeout == 30s);
+  CHECK(reloaded.metrics.listen == "127.0.0.1:9464");
+  // ... and the rest as reloaded.
+  CHECK(reloaded.daemon.disk_reserve == 1);
+  CHECK(reloaded.hub.parallel_files == 16);
+  CHECK(reloaded.models.count("b"));
+  CHECK(keep_fixed_settings(running, reloaded).empty());
+}
+
+TEST_CASE("model tables compare by value, so a reload can tell which models changed") {
+  ModelConfig a;
+  a.name = "a";
+  a.repo = "org/a";
+  ModelConfig b = a;
+  CHECK(a == b);
+  b.health.watch_interval = 1s;
+  CHECK(!(a == b));
+  b = a;
+  b.serve.environment["X"] = "1";
+  CHECK(!(a == b));
+}

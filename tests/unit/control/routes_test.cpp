@@ -310,7 +310,8 @@ TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") 
   CHECK_THAT(t, Catch::Contains("modeld_deployments_total{result=\"failed\"} 1\n"));
   CHECK_THAT(t, Catch::Contains("modeld_deployments_total{result=\"rolled_back\"} 0\n"));
   CHECK_THAT(t, Catch::Contains("# TYPE modeld_active_model_info gauge\n"));
-  CHECK_THAT(t, Catch::Contains("modeld_active_model_info{model=\"llama\",commit=\"ab\\\"c\"} 1\n"));
+  CHECK_THAT(t, Catch::Contains(
+                   "modeld_active_model_info{model=\"llama\",commit=\"ab\\\"c\",unit=\"modeld-serve@llama.service\"} 1\n"));
   // Every line is a comment or "name{labels} value", and the text ends with a line feed.
   CHECK(t.back() == '\n');
   std::size_t start = 0;

@@ -395,9 +395,10 @@ TEST_CASE("an event client that lags more than the limit is dropped") {
   CHECK(eventually([&] { return f.engine.listener_count == 0; }));
 }
 
-TEST_CASE("connections beyond the limit are closed at once") {
+TEST_CASE("connections beyond the limit are answered 503 and closed at once") {
   Fixture f;
   f.options.limits.max_connections = 2;
+  f.options.limits.reserved_connections = 0;
   f.start();
   Client a(f.socket), b(f.socket);
   for (Client* c : {&a, &b}) {
@@ -406,9 +407,31 @@ TEST_CASE("connections beyond the limit are closed at once") {
   }
   Client third(f.socket);
   CHECK(third.read_to_end());
-  CHECK(third.in.empty());
+  auto refused = parse_answer(third.in);
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  CHECK_THAT(refused->json()["error"]["message"].get<std::string>(), Catch::Contains("too many connections"));
   a.send(get("/v1/status"));
   CHECK(read_answer(a).status == 200);
+}
+
+TEST_CASE("one user cannot take every connection: root keeps a reserve") {
+  Fixture f;
+  f.options.limits.max_connections = 2;
+  f.options.limits.reserved_connections = 1;
+  f.options.is_member = [](const Peer&, const std::string&) { return true; };  // privileged, root or not
+  f.start();
+  // A privileged client fills the general pool, then uses the reserve, then is refused.
+  Client a(f.socket), b(f.socket), reserve(f.socket);
+  for (Client* c : {&a, &b, &reserve}) {
+    c->send(get("/v1/status"));
+    CHECK(read_answer(*c).status == 200);
+  }
+  Client fourth(f.socket);
+  CHECK(fourth.read_to_end());
+  auto refused = parse_answer(fourth.in);
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
 }
 
 TEST_CASE("stop closes idle connections and event streams") {

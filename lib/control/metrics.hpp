@@ -1,0 +1,112 @@
+#pragma once
+// GET /metrics beyond what the engine's records hold: counters fed by the engine's event stream
+// (deployments by result, phase durations, bytes downloaded, verification failures) and by the
+// daemon (configuration reloads), and the optional TCP listener of [metrics] listen that serves
+// the same text to Prometheus. The text itself is built by metrics_text() (routes.hpp).
+
+#include "deploy/engine.hpp"
+#include "util/error.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace modeld::control {
+
+struct Request;
+struct Response;
+
+/// The observations of one phase across deployments: how many, their total and the last one.
+struct PhaseDurations {
+  std::uint64_t count = 0;
+  double sum = 0;   ///< seconds
+  double last = 0;  ///< seconds, of the deployment that ran the phase last
+
+  /// Adds one duration in seconds.
+  void observe(double seconds);
+};
+
+/// Counter values that metrics_text() prints when it is given them.
+struct MetricCounters {
+  std::map<std::string, std::uint64_t> deployments;   ///< terminal state -> deployments that ended so
+  std::map<std::string, PhaseDurations> phases;       ///< phase name -> durations
+  std::uint64_t download_bytes = 0;                   ///< checkpoint bytes written by downloads
+  std::map<std::string, std::uint64_t> verification_failures;  ///< "deployment" | "verify" -> failures
+  std::map<std::string, std::uint64_t> reloads;       ///< "success" | "failure" -> configuration reloads
+  std::optional<bool> last_reload_ok;                 ///< nullopt until the first reload
+};
+
+/// Keeps MetricCounters up to date from `engine`'s events; lives on the io_context thread.
+class MetricsCollector {
+ public:
+  /// Subscribes to `engine` (which must outlive the collector) and starts the deployment counts
+  /// from the ended deployments of its history.
+  explicit MetricsCollector(deploy::Engine& engine);
+  ~MetricsCollector();
+  MetricsCollector(const MetricsCollector&) = delete;
+  MetricsCollector& operator=(const MetricsCollector&) = delete;
+
+  /// Counts what an answered request says, e.g. a POST /v1/models/NAME/verify that found problems.
+  void observe(const Request& request, const Response& response);
+
+  /// Counts one configuration reload, taken over (`ok`) or refused.
+  void reloaded(bool ok);
+
+  /// Feeds one event as the engine would (the subscription calls this; tests too).
+  void on_event(const deploy::Event& event);
+
+  /// The counters as they are now.
+  const MetricCounters& counters() const { return counters_; }
+
+  /// The whole exposition: metrics_text(engine, counters()).
+  std::string text() const;
+
+ private:
+  struct Tracked {
+    std::string phase;
+    std::chrono::steady_clock::time_point since;
+    std::uint64_t bytes_done = 0;
+  };
+  deploy::Engine& engine_;
+  std::uint64_t token_ = 0;
+  MetricCounters counters_;
+  std::map<std::string, Tracked> running_;  ///< by deployment id
+};
+
+/// Serves GET (and HEAD) /metrics over TCP for [metrics] listen: read-only, no other route (404),
+/// other methods 405; keep-alive, header limit 8 KiB, 10 s deadlines, 16 connections at once.
+/// Access control is only the address it is bound to.
+class MetricsListener {
+ public:
+  /// `text` makes the body of each answer; called on `executor`'s thread.
+  MetricsListener(boost::asio::any_io_executor executor, std::function<std::string()> text);
+  ~MetricsListener();
+  MetricsListener(const MetricsListener&) = delete;
+  MetricsListener& operator=(const MetricsListener&) = delete;
+
+  /// Resolves `host_port` ("127.0.0.1:9464", "[::1]:9464", "localhost:9464"; port 0 picks a free
+  /// one, for tests), binds the first address it gives and listens. Errors: io_error naming
+  /// metrics.listen and the address (in use, cannot be resolved, not local).
+  Result<void> listen(const std::string& host_port);
+
+  /// The bound port (after listen()).
+  std::uint16_t port() const;
+
+  /// Starts accepting connections.
+  void start();
+
+  /// Closes the listener and every connection; idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace modeld::control

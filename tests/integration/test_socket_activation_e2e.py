@@ -1,0 +1,144 @@
+"""End to end: socket activation of modeld by systemd/modeld.socket in a namespaced systemd.
+
+The shipped modeld.socket is installed as a runtime unit with a drop-in that moves its
+ListenStream= to the test's work folder (the shipped path /run/modeld/modeld.sock would be the
+namespace's private /run, out of the host's reach); modeld.service gets modeld_env's usual
+drop-in. Only the socket unit is started: the first request starts the daemon, which takes the
+socket from systemd (sd_listen_fds) and says so in the journal, also when its configuration names
+another path. While the socket unit holds the socket, requests made while the daemon is stopped
+or restarting wait for it instead of failing. Without the socket unit the daemon listens itself.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from modeld_env import SOURCE_DIR, Hub, ModeldEnv, free_port, model_table, wait_for
+from nsystemd import NamespacedSystemd, unsupported_reason
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+
+ACTIVATED = "passed by systemd (socket activation)"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    e = ModeldEnv(workdir=tmp_path_factory.mktemp("sockact"))
+    e.add_repo("acme/model-a", shards=2, shard_size=200_000, seed=1)
+    e.ports = {"model-a": free_port()}
+    try:
+        # ModeldEnv.start() without its last step (starting modeld.service).
+        e.repos.mkdir(parents=True, exist_ok=True)
+        e.hub = Hub(e.repos, e.workdir)
+        e.write_config(model_table("model-a", "acme/model-a", e.ports["model-a"]))
+        e.systemd = NamespacedSystemd(log_path=e.workdir / "systemd.log")
+        e.systemd.start()
+        e.install_units()
+        sd = e.systemd
+        sd.run(["cp", str(SOURCE_DIR / "systemd" / "modeld.socket"), "/run/systemd/system/modeld.socket"],
+               check=True)
+        sd.write_file("/run/systemd/system/modeld.socket.d/50-test.conf",
+                      f"[Socket]\nListenStream=\nListenStream={e.socket}\n")
+        sd.run(["systemctl", "daemon-reload"], check=True)
+        sd.run(["systemctl", "start", "modeld.socket"], check=True)
+        yield e
+    finally:
+        e.stop()
+
+
+def activation_lines(env: ModeldEnv) -> list[str]:
+    return [m for m in (e.get("MESSAGE", "") for e in env.journal(unit="modeld.service")) if ACTIVATED in m]
+
+
+def status_ok(env: ModeldEnv, timeout: float = 60) -> subprocess.CompletedProcess:
+    r = env.modelctl("--json", "status", timeout=timeout)
+    assert r.returncode == 0, f"status: exit {r.returncode}\n{r.stdout}{r.stderr}"
+    return r
+
+
+def test_before_any_request_only_the_socket_unit_runs(env):
+    assert env.unit_state("modeld.socket") == "active"
+    assert env.unit_state("modeld.service") == "inactive"
+    st = os.stat(env.socket)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o666
+
+
+def test_the_first_request_starts_modeld_which_takes_the_socket_from_systemd(env):
+    status_ok(env)
+    assert env.unit_state("modeld.service") == "active"
+    entry = env.systemd.wait_journal(lambda e: ACTIVATED in e.get("MESSAGE", ""), unit="modeld.service")
+    assert entry, "modeld did not say it took the socket from systemd"
+    assert str(env.socket) in entry["MESSAGE"]
+    # The configuration names the same path: nothing to warn about.
+    assert "not used" not in entry["MESSAGE"]
+
+
+def test_a_deployment_runs_over_the_activated_socket(env):
+    r = env.modelctl("deploy", "model-a", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert env.status()["active"]["model"] == "model-a"
+
+
+def test_a_request_while_modeld_is_stopped_waits_for_systemd_to_start_it(env):
+    old_pid = env.main_pid()
+    env.systemd.run(["systemctl", "stop", "modeld.service"], check=True)
+    assert env.unit_state("modeld.service") == "inactive"
+    assert env.unit_state("modeld.socket") == "active"
+    # systemd still listens: the connection is queued, and it starts the daemon to answer it.
+    status_ok(env)
+    assert env.unit_state("modeld.service") == "active"
+    assert env.main_pid() not in (0, old_pid)
+
+
+def test_requests_during_a_restart_all_get_answers(env):
+    old_pid = env.main_pid()
+    env.systemd.run(["systemctl", "restart", "--no-block", "modeld.service"], check=True)
+    answered = 0
+
+    def restarted():
+        nonlocal answered
+        status_ok(env)
+        answered += 1
+        pid = env.main_pid()
+        return pid not in (0, old_pid) and env.unit_state("modeld.service") == "active"
+
+    wait_for("modeld to be restarted", restarted, timeout=60, interval=0)
+    assert answered >= 1
+    # Two daemon starts so far, each announcing the socket it took.
+    assert len(activation_lines(env)) >= 3
+
+
+def test_a_configuration_naming_another_socket_is_told_it_is_not_used(env):
+    other = env.workdir / "other.sock"
+    text = env.config.read_text()
+    try:
+        env.config.write_text(text.replace(f'socket = "{env.socket}"', f'socket = "{other}"'))
+        assert str(other) in env.config.read_text()
+        before = len(activation_lines(env))
+        env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
+        status_ok(env)
+        wait_for("the journal line of the restarted daemon", lambda: len(activation_lines(env)) > before)
+        line = activation_lines(env)[-1]
+        assert str(env.socket) in line
+        assert f"daemon.socket {other} in the configuration is not used" in line
+        assert not other.exists()
+    finally:
+        env.config.write_text(text)
+
+
+def test_without_the_socket_unit_modeld_listens_itself(env):
+    env.systemd.run(["systemctl", "stop", "modeld.socket", "modeld.service"], check=True)
+    assert env.unit_state("modeld.socket") == "inactive"
+    assert not env.socket.exists(), "RemoveOnStop=yes should have removed the socket"
+    before = len(activation_lines(env))
+    env.systemd.run(["systemctl", "start", "modeld.service"], check=True)
+    wait_for("modeld's own socket", lambda: env.modelctl("status").returncode == 0, timeout=60)
+    assert env.unit_state("modeld.socket") == "inactive"
+    st = os.stat(env.socket)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o666
+    assert len(activation_lines(env)) == before
