@@ -3,6 +3,15 @@
 # Run as root on a fresh Debian 12 host. Safe to run again.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
+# Packages installed here must not start their services (tinyproxy, prometheus) on a host whose
+# PID 1 is not systemd, where invoke-rc.d would run their init scripts: policy-rc.d forbids it
+# for the duration of this script (deb-systemd-invoke honours it too).
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy"
+    chmod 0755 "$policy"
+    trap 'rm -f "$policy"' EXIT INT TERM
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
     build-essential cmake ninja-build ccache pkg-config git ca-certificates \
