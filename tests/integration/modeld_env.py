@@ -159,7 +159,30 @@ stop_timeout = "{stop_timeout}"
 """
 
 
-class ModeldEnv:
+class ModelctlClient:
+    """modelctl against `self.socket` (`self.modelctl_bin`), shared by both ways of running modeld."""
+
+    socket: Path
+    modelctl_bin: Path
+
+    def modelctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def deploy_and_wait(self, model: str, expect_exit: int = 0) -> dict:
+        """Runs `modelctl deploy MODEL --wait`, checks its exit code, and returns the deployment
+        as the daemon reports it afterwards."""
+        r = self.modelctl("deploy", model, "--wait")
+        assert r.returncode == expect_exit, f"exit {r.returncode}, expected {expect_exit}:\n{r.stdout}{r.stderr}"
+        return self.status()["deployment"]
+
+    def status(self) -> dict:
+        r = self.modelctl("--json", "status")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+
+class ModeldEnv(ModelctlClient):
     """modeld under a namespaced systemd with the bundled hub; use as a context manager."""
 
     def __init__(self, workdir: Path | None = None, models: dict[str, dict] | None = None,
@@ -266,22 +289,6 @@ Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
     # -- use ----------------------------------------------------------------------------------
 
-    def modelctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
-                              capture_output=True, text=True, timeout=timeout)
-
-    def deploy_and_wait(self, model: str, expect_exit: int = 0) -> dict:
-        """Runs `modelctl deploy MODEL --wait`, checks its exit code, and returns the deployment
-        as the daemon reports it afterwards."""
-        r = self.modelctl("deploy", model, "--wait")
-        assert r.returncode == expect_exit, f"exit {r.returncode}, expected {expect_exit}:\n{r.stdout}{r.stderr}"
-        return self.status()["deployment"]
-
-    def status(self) -> dict:
-        r = self.modelctl("--json", "status")
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
-
     def journal(self, *match: str, unit: str | None = None) -> list[dict]:
         """Journal entries of this run's systemd (FIELD=value matches), oldest first."""
         return self.systemd.journal(unit=unit, matches=match)
@@ -324,7 +331,7 @@ Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
         self.stop()
 
 
-class ProcessModeld:
+class ProcessModeld(ModelctlClient):
     """modeld run directly as a child of the test (no systemd: no NOTIFY_SOCKET, no D-Bus) with
     [daemon] service_manager = "process", the bundled hub, and its model servers as modeld's own
     children; use as a context manager. Its output (and, without journald, its servers') goes to
@@ -407,20 +414,6 @@ parallel_files = 4
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def modelctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
-                              capture_output=True, text=True, timeout=timeout)
-
-    def deploy_and_wait(self, model: str, expect_exit: int = 0) -> dict:
-        r = self.modelctl("deploy", model, "--wait")
-        assert r.returncode == expect_exit, f"exit {r.returncode}, expected {expect_exit}:\n{r.stdout}{r.stderr}"
-        return self.status()["deployment"]
-
-    def status(self) -> dict:
-        r = self.modelctl("--json", "status")
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
 
     def server_pid(self, model: str) -> int | None:
         """The PID (= process group) of model's server from modeld's record, None without one."""

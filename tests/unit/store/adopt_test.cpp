@@ -1,4 +1,5 @@
 #include "store/store.hpp"
+#include "unit/store/listing.hpp"
 #include "unit/verify/test_files.hpp"
 #include "verify/hash.hpp"
 
@@ -18,19 +19,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kCommit = "4444444444444444444444444444444444444444";
-
-std::string digest(verify::HashKind kind, const std::string& content) {
-  verify::Hasher h(kind, content.size());
-  h.update(std::span<const char>(content.data(), content.size()));
-  return h.hex();
-}
-
-hub::RepoFile listed(const std::string& path, const std::string& content, bool lfs) {
-  hub::RepoFile f{path, content.size(), digest(verify::HashKind::git_sha1, lfs ? "ptr:" + content : content),
-                  std::nullopt};
-  if (lfs) f.lfs_sha256 = digest(verify::HashKind::sha256, content);
-  return f;
-}
 
 // Writes what `hf download --local-dir` records next to a file it wrote.
 void write_hf_record(const fs::path& folder, const std::string& path, const std::string& commit,

@@ -1,4 +1,5 @@
 #include "store/store.hpp"
+#include "unit/store/listing.hpp"
 #include "unit/verify/test_files.hpp"
 #include "verify/hash.hpp"
 
@@ -21,20 +22,6 @@ namespace {
 const std::string kA = "1111111111111111111111111111111111111111";
 const std::string kB = "2222222222222222222222222222222222222222";
 const std::string kC = "3333333333333333333333333333333333333333";
-
-std::string digest(verify::HashKind kind, const std::string& content) {
-  verify::Hasher h(kind, content.size());
-  h.update(std::span<const char>(content.data(), content.size()));
-  return h.hex();
-}
-
-// The listing entry for `content` at `path` (LFS when `lfs`).
-hub::RepoFile listed(const std::string& path, const std::string& content, bool lfs) {
-  hub::RepoFile f{path, content.size(), digest(verify::HashKind::git_sha1, lfs ? "ptr:" + content : content),
-                  std::nullopt};
-  if (lfs) f.lfs_sha256 = digest(verify::HashKind::sha256, content);
-  return f;
-}
 
 // Writes the files of `snap` into its revision and records a manifest of them, as the
 // deployment does after verification.
