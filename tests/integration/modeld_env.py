@@ -160,10 +160,18 @@ stop_timeout = "{stop_timeout}"
 
 
 class ModelctlClient:
-    """modelctl against `self.socket` (`self.modelctl_bin`), shared by both ways of running modeld."""
+    """What both ways of running modeld share: the hub's repositories under `self.repos`, and
+    modelctl against `self.socket` (`self.modelctl_bin`)."""
 
+    repos: Path
     socket: Path
     modelctl_bin: Path
+
+    def add_repo(self, repo: str, *, shards: int = 3, shard_size: int = 256 * 1024, seed: int = 0) -> Path:
+        """Generates a checkpoint as repository `repo` (ORG/NAME) of the hub."""
+        out = self.repos / repo
+        make_checkpoint.make_checkpoint(str(out), shards, shard_size, seed)
+        return out
 
     def modelctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.modelctl_bin), "--socket", str(self.socket), *args],
@@ -213,12 +221,6 @@ class ModeldEnv(ModelctlClient):
         self.modelctl_bin = BUILD_DIR / "modelctl"
 
     # -- set-up -------------------------------------------------------------------------------
-
-    def add_repo(self, repo: str, *, shards: int = 3, shard_size: int = 256 * 1024, seed: int = 0) -> Path:
-        """Generates a checkpoint as repository `repo` (ORG/NAME) of the hub."""
-        out = self.repos / repo
-        make_checkpoint.make_checkpoint(str(out), shards, shard_size, seed)
-        return out
 
     def write_config(self, model_tables: str):
         self.model_tables = model_tables
@@ -352,11 +354,6 @@ class ProcessModeld(ModelctlClient):
         self.proc: subprocess.Popen | None = None
         self.modeld = BUILD_DIR / "modeld"
         self.modelctl_bin = BUILD_DIR / "modelctl"
-
-    def add_repo(self, repo: str, *, shards: int = 3, shard_size: int = 256 * 1024, seed: int = 0) -> Path:
-        out = self.repos / repo
-        make_checkpoint.make_checkpoint(str(out), shards, shard_size, seed)
-        return out
 
     def write_config(self, model_tables: str, service_manager: str = "process") -> None:
         self.config.write_text(f"""
