@@ -55,12 +55,16 @@ Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const
                           eviction_candidates(s.store.list(), cfg, target, active, last_active, may_evict_active));
 }
 
-boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
-  const auto& cfg = *s.config;
+std::uint64_t bytes_still_needed(Services& s, const Run& run) {
   std::uint64_t need = 0;
   for (const auto& f : run.missing) need += f.size;
   const std::uint64_t partial = s.store.partial_bytes(run.model.name, *run.record.commit);
-  need = need > partial ? need - partial : 0;
+  return need > partial ? need - partial : 0;
+}
+
+boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
+  const auto& cfg = *s.config;
+  const std::uint64_t need = bytes_still_needed(s, run);
 
   if (need == 0) {
     sys::logf(sys::Level::info, run.fields(), "nothing to free: no bytes left to download");

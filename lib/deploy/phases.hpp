@@ -73,6 +73,10 @@ std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<stor
                                                           const std::map<std::string, std::string>& last_active,
                                                           bool may_evict_active);
 
+/// New disk space the run's download still takes, in bytes: the missing files' listed sizes
+/// minus the partial bytes of this revision already on disk (they resume). After planning only.
+std::uint64_t bytes_still_needed(Services& s, const Run& run);
+
 /// The disk side of freeing_disk without deleting anything: `need` bytes still to download
 /// (partial bytes already deducted) against free space minus disk_reserve, with the models to
 /// evict. A plan that needs nothing fits and evicts nothing. Errors: io_error (statvfs).

@@ -164,10 +164,7 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   if (rec.allow_downtime && run.previous && !rec.downtime_first) {
     // Only when the download cannot fit otherwise does the active model go, and then it must be
     // stopped before freeing_disk deletes its files.
-    std::uint64_t need = 0;
-    for (const auto& f : run.missing) need += f.size;
-    const std::uint64_t partial = s.store.partial_bytes(run.model.name, snap->commit);
-    need = need > partial ? need - partial : 0;
+    const std::uint64_t need = bytes_still_needed(s, run);
     auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false);
     if (!without) co_return without.error();
     if (!without->fits) {
