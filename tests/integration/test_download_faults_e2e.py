@@ -336,9 +336,12 @@ def test_a_kill_9_mid_download_resumes_and_wastes_under_5_percent(tmp_path):
         at = random.uniform(0.2, 0.8)
 
         def progressed():
+            # Past `at` and with a shard half-way (not between the two waves, where nothing is
+            # partial and there would be nothing to resume).
             p = e.status()["deployment"]["progress"]
-            return p["bytes_total"] and p["bytes_done"] >= at * p["bytes_total"] and p
-        p = wait_for(f"{at:.0%} of the bytes", progressed, timeout=120)
+            midway = any(0 < f["bytes_done"] < f["bytes_total"] for f in p.get("files") or [])
+            return p["bytes_total"] and p["bytes_done"] >= at * p["bytes_total"] and midway and p
+        p = wait_for(f"{at:.0%} of the bytes with a shard half-way", progressed, timeout=120)
         pid = e.main_pid()
         e.kill_modeld("KILL")
         # systemd restarts it (Restart=on-failure) and it continues the same deployment.
