@@ -29,7 +29,7 @@ def main() -> int:
         print(f"demo: cannot run here: {reason}", file=sys.stderr)
         return 1
 
-    env = ModeldEnv(keep=args.keep, hub_args=["--throttle", "8MiB"])
+    env = ModeldEnv(keep=args.keep, hub_args=["--throttle", "8MiB"], journal_to_host=True)
     try:
         say(f"generating two checkpoints in Hugging Face layout under {env.repos}")
         env.add_repo("demo-org/tiny-chat", shards=4, shard_size=args.shard_size, seed=1)

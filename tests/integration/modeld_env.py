@@ -14,6 +14,7 @@ inside the namespace see too, so the test can compare files and talk to the sock
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -189,16 +190,50 @@ class ModelctlClient:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
+    def api(self, method: str, path: str, timeout: float = 10) -> tuple[int, dict[str, str], str]:
+        """One request to the daemon's socket without modelctl: (status, headers, body)."""
+        conn = UnixHTTPConnection(str(self.socket), timeout)
+        try:
+            conn.request(method, path)
+            r = conn.getresponse()
+            return r.status, dict(r.getheaders()), r.read().decode()
+        finally:
+            conn.close()
+
+    def metrics(self) -> str:
+        """GET /metrics on the socket, which must answer 200 in Prometheus' text format 0.0.4."""
+        status, headers, body = self.api("GET", "/metrics")
+        assert status == 200, (status, body)
+        assert headers.get("Content-Type", "").startswith("text/plain; version=0.0.4"), headers
+        return body
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix socket (the daemon's control socket)."""
+
+    def __init__(self, path: str, timeout: float = 10):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
 
 class ModeldEnv(ModelctlClient):
     """modeld under a namespaced systemd with the bundled hub; use as a context manager."""
 
     def __init__(self, workdir: Path | None = None, models: dict[str, dict] | None = None,
                  hub_args: list[str] | None = None, config_extra: str = "", keep: bool = False,
-                 environment: dict[str, str] | None = None, control_group: str = "root"):
+                 environment: dict[str, str] | None = None, control_group: str = "root",
+                 journal_to_host: bool = False):
         """`config_extra` goes into the [hub] table of the configuration; `environment` becomes
         Environment= lines of modeld.service's test drop-in (e.g. HTTPS_PROXY, NO_PROXY);
-        `control_group` is [control] group (who besides root may call mutating routes)."""
+        `control_group` is [control] group (who besides root may call mutating routes);
+        `journal_to_host` keeps the journal in the host's /var/log/journal (the demo) instead of
+        one private to this run (tests)."""
+        self.journal_to_host = journal_to_host
         self.own_workdir = workdir is None
         self.control_group = control_group
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="modeld-test-"))
@@ -250,7 +285,8 @@ parallel_files = 4
                                capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"test configuration is invalid:\n{check.stderr}")
-        self.systemd = NamespacedSystemd(log_path=self.workdir / "systemd.log")
+        self.systemd = NamespacedSystemd(log_path=self.workdir / "systemd.log",
+                                         private_journal=not self.journal_to_host)
         self.systemd.start()
         self.install_units()
         self.systemd.run(["systemctl", "start", "modeld.service"])

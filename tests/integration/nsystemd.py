@@ -32,8 +32,13 @@ SYSTEMD = "/lib/systemd/systemd"
 _BOOT_SCRIPT = (
     "mount --bind /dev/null /usr/lib/tmpfiles.d/tmp.conf && "
     "mount -t tmpfs tmpfs /run && "
+    "{journal}"
     f"exec {SYSTEMD} --system --unit=sysinit.target --log-target=console"
 )
+# With a private journal, a tmpfs over /var/log/journal: the inner journald's files are its own,
+# so a query can never see another run's entries (the host's journal and every namespaced boot
+# share the machine and boot IDs, and another test may be running at the same time).
+_PRIVATE_JOURNAL = "if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi && "
 
 
 class Unsupported(Exception):
@@ -64,9 +69,12 @@ class NamespacedSystemd:
     """One private systemd: start() boots it and starts the system bus, stop() powers it off."""
 
     def __init__(self, log_path: str | os.PathLike | None = None, boot_timeout: float = 60.0,
-                 stop_timeout: float = 60.0, keep_log: bool = False):
+                 stop_timeout: float = 60.0, keep_log: bool = False, private_journal: bool = True):
         """The systemd's console output goes to `log_path`, which is kept; without one, to a
-        temporary file removed by stop() unless `keep_log`. Errors quote the log's tail."""
+        temporary file removed by stop() unless `keep_log`. Errors quote the log's tail. With
+        `private_journal` (tests) the journal lives and dies with this systemd; without it (the
+        demo) it is flushed into the host's /var/log/journal, where the operator can read it later."""
+        self.private_journal = private_journal
         self.boot_timeout = boot_timeout
         self.stop_timeout = stop_timeout
         self.keep_log = keep_log or log_path is not None
@@ -96,7 +104,8 @@ class NamespacedSystemd:
         # without forking and self._proc.pid is unshare's PID.
         self._proc = subprocess.Popen(
             ["setsid", "unshare", "--pid", "--mount", "--fork", "--mount-proc",
-             "--propagation", "private", "sh", "-c", _BOOT_SCRIPT],
+             "--propagation", "private", "sh", "-c",
+             _BOOT_SCRIPT.format(journal=_PRIVATE_JOURNAL if self.private_journal else "")],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             self.pid = poll(self._find_systemd, 10.0, 0.02)
@@ -159,9 +168,9 @@ class NamespacedSystemd:
         """The inner journal's entries since start() (journalctl -o json), for `unit` and
         FIELD=value matches.
 
-        Only entries since start(): where the host has /var/log/journal, the inner journald
-        flushes into it (the file system is the host's), and every namespaced boot shares the
-        host's machine and boot IDs, so earlier runs' entries are there too."""
+        Only entries since start(): without a private journal the inner journald flushes into the
+        host's /var/log/journal, and every namespaced boot shares the host's machine and boot
+        IDs, so earlier runs' entries are there too."""
         cmd = ["journalctl", "--no-pager", "-o", "json", f"--since=@{self.started_at:.6f}"]
         if unit:
             cmd += ["-u", unit]

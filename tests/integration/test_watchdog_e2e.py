@@ -4,10 +4,8 @@ records its figures in the deployment and in /metrics."""
 
 from __future__ import annotations
 
-import http.client
 import re
 import shutil
-import socket
 import subprocess
 
 import pytest
@@ -55,29 +53,6 @@ max_tokens = 16
         yield e
     finally:
         e.stop()
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str):
-        super().__init__("localhost", timeout=10)
-        self.unix_path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10)
-        self.sock.connect(self.unix_path)
-
-
-def metrics(env) -> str:
-    conn = _UnixHTTPConnection(str(env.socket))
-    try:
-        conn.request("GET", "/metrics")
-        r = conn.getresponse()
-        assert r.status == 200
-        assert r.getheader("Content-Type", "").startswith("text/plain; version=0.0.4")
-        return r.read().decode()
-    finally:
-        conn.close()
 
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
@@ -146,7 +121,7 @@ def test_a_server_that_exits_0_after_becoming_ready_is_restarted_by_the_watchdog
     assert restart["PRIORITY"] == "4"
     assert restart.get("MODELD_UNIT") == unit
 
-    text = metrics(env)
+    text = env.metrics()
     check_exposition(text)
     assert (sample(text, "modeld_watchdog_restarts_total", "quitter") or 0) >= 1
     assert sample(text, "modeld_watchdog_consecutive_failures", "quitter") is not None
@@ -175,7 +150,7 @@ def test_failed_probes_in_a_row_get_a_live_server_restarted(env):
              ("", first_invocation), timeout=30)
     wait_for("wedged to answer a completion again", lambda: completion(env.ports["wedged"], "wedged"), timeout=60)
 
-    text = metrics(env)
+    text = env.metrics()
     check_exposition(text)
     assert (sample(text, "modeld_watchdog_probe_failures_total", "wedged") or 0) >= 3
     assert (sample(text, "modeld_watchdog_restarts_total", "wedged") or 0) >= 1
@@ -194,7 +169,7 @@ def test_the_benchmark_phase_records_its_figures_in_the_deployment_and_the_metri
     # 16 tokens, 10 ms each: the first after >= 10 ms, then at most 100 tokens/s.
     assert 0.01 <= b["ttft_s"] < 5, b
     assert 0 < b["decode_tokens_per_s"] <= 110, b
-    text = metrics(env)
+    text = env.metrics()
     check_exposition(text)
     assert sample(text, "modeld_benchmark_ttft_seconds", "bench") == pytest.approx(b["ttft_s"])
     assert sample(text, "modeld_benchmark_decode_tokens_per_second", "bench") == pytest.approx(b["decode_tokens_per_s"])
