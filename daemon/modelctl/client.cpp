@@ -142,6 +142,11 @@ modeld::Result<Reply> Daemon::call(const std::string& method, const std::string&
   return Reply{parser.get().result_int(), std::move(parser.get().body())};
 }
 
+int report_unreachable(const Daemon& daemon, const modeld::Error& error) {
+  fmt::print(stderr, "modelctl: cannot reach modeld at {}: {}\n", daemon.socket_path(), error.message);
+  return exit_unreachable;
+}
+
 struct EventStream::Impl {
   asio::io_context io;
   local::socket socket{io};

@@ -11,6 +11,13 @@
 
 namespace modelctl {
 
+/// modelctl's exit codes (interface.md, the command table): success; the thing asked ended badly
+/// or does not hold; refused or bad usage; the daemon could not be reached.
+constexpr int exit_ok = 0;
+constexpr int exit_failed = 1;
+constexpr int exit_refused = 2;
+constexpr int exit_unreachable = 3;
+
 /// A complete answer: HTTP status and body (JSON for every route but /metrics).
 struct Reply {
   unsigned status = 0;
@@ -44,6 +51,10 @@ class Daemon {
   std::chrono::milliseconds timeout_;
   friend class EventStream;
 };
+
+/// Prints the contract's one line for an unreachable daemon to stderr ("modelctl: cannot reach
+/// modeld at SOCKET: REASON") and returns exit_unreachable.
+int report_unreachable(const Daemon& daemon, const modeld::Error& error);
 
 /// An open GET /v1/events stream. The daemon subscribes before it answers, so every event
 /// after open() returns is delivered.

@@ -86,6 +86,117 @@ std::string progress_line(const json& p) {
   return out;
 }
 
+std::string progress_summary(const json& p) {
+  auto text = progress_line(p);
+  if (text.empty()) return text;
+  return fmt::format("{} ({} of {} files)", text, uint(p, "files_done"), uint(p, "files_total"));
+}
+
+bool progress_complete(const json& p) { return uint(p, "bytes_done") >= uint(p, "bytes_total"); }
+
+std::string progress_bar(std::uint64_t done, std::uint64_t total, std::size_t width) {
+  if (width < 3) return {};
+  const std::size_t cells = width - 2;
+  std::size_t filled = total == 0 ? 0 : static_cast<std::size_t>(std::min(done, total) * cells / total);
+  std::string out = "[";
+  out.append(filled, '=');
+  // The head shows where the bar moves; a full bar has none.
+  if (filled < cells && filled > 0) {
+    out.back() = '>';
+  }
+  out.append(cells - filled, ' ');
+  out += ']';
+  return out;
+}
+
+std::string fit_width(const std::string& line, std::size_t columns) {
+  if (columns == 0 || width(line) <= columns) return line;
+  std::string out;
+  std::size_t w = 0;
+  bool escape = false, colored = false;
+  for (unsigned char c : line) {
+    if (escape) {
+      out += static_cast<char>(c);
+      if (c == 'm') escape = false;
+      continue;
+    }
+    if (c == 0x1b) {
+      escape = colored = true;
+      out += static_cast<char>(c);
+      continue;
+    }
+    // Stop at the first character that no longer fits, never inside a UTF-8 sequence.
+    if ((c & 0xc0) != 0x80 && w++ == columns) break;
+    out += static_cast<char>(c);
+  }
+  if (colored) out += "\x1b[0m";
+  return out;
+}
+
+namespace {
+
+// A path at most `n` characters wide: its end is kept (shard numbers are there).
+std::string elide_front(const std::string& path, std::size_t n) {
+  if (width(path) <= n || n < 2) return path;
+  std::size_t skip = width(path) - (n - 1), seen = 0, i = 0;
+  for (; i < path.size(); ++i) {
+    if ((static_cast<unsigned char>(path[i]) & 0xc0) != 0x80 && seen++ == skip) break;
+  }
+  return "\u2026" + path.substr(i);
+}
+
+std::string pad(const std::string& s, std::size_t n) {
+  auto w = width(s);
+  return w >= n ? s : s + std::string(n - w, ' ');
+}
+
+}  // namespace
+
+std::vector<std::string> progress_lines(const json& p, std::size_t columns, std::size_t max_files) {
+  std::vector<std::string> out;
+  const auto text = progress_summary(p);
+  if (text.empty()) return out;
+  const std::size_t bar = std::clamp<std::size_t>(columns / 4, 12, 32);
+  out.push_back(fmt::format("  {} {}", progress_bar(uint(p, "bytes_done"), uint(p, "bytes_total"), bar), text));
+  if (!p.contains("files") || !p["files"].is_array()) return out;
+  const auto& files = p["files"];
+  std::size_t name_width = 0;
+  for (const auto& f : files) name_width = std::max(name_width, width(str(f, "path")));
+  name_width = std::min<std::size_t>(name_width, 40);
+  std::size_t shown = 0;
+  for (const auto& f : files) {
+    if (shown == max_files) {
+      out.push_back(fmt::format("    ... and {} more", files.size() - shown));
+      break;
+    }
+    ++shown;
+    std::string line = fmt::format("    {} {} {}", pad(elide_front(str(f, "path"), name_width), name_width),
+                                   progress_bar(uint(f, "bytes_done"), uint(f, "bytes_total"), bar), progress_line(f));
+    if (auto c = uint(f, "connections"); c > 1) line += fmt::format(" over {} connections", c);
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+std::vector<std::string> deployment_lines(const json& d, const Style& style, std::size_t columns) {
+  std::vector<std::string> out;
+  const auto state = str(d, "state");
+  const bool running = state == "running";
+  out.push_back(fmt::format("{} {} of {} (commit {})", running ? "Deployment: " : "Last deployment:", str(d, "id"),
+                            style.bold(str(d, "model")), short_commit(d.value("commit", json()))));
+  if (running) {
+    out.push_back(fmt::format("  Phase:     {}, {}", str(d, "phase"), style.state(state)));
+    for (auto& line : progress_lines(d.value("progress", json()), columns)) out.push_back(std::move(line));
+  } else {
+    out.push_back(fmt::format("  Result:    {} in phase {}", style.state(state), str(d, "phase")));
+  }
+  if (const auto& e = d.value("error", json()); e.is_object())
+    out.push_back(fmt::format("  Error:     {}: {}", str(e, "code"), str(e, "message")));
+  out.push_back(fmt::format("  Started:   {}", str(d, "started_at")));
+  if (auto f = str(d, "finished_at", ""); !f.empty()) out.push_back(fmt::format("  Finished:  {}", f));
+  return out;
+}
+
 std::string status_text(const json& s, const Style& style) {
   std::string out;
   const auto& daemon = s.value("daemon", json::object());

@@ -3,7 +3,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace modelctl {
 
@@ -20,9 +23,37 @@ struct Style {
 /// The first 12 characters of a commit, or "-" when null.
 std::string short_commit(const nlohmann::json& commit);
 
-/// A DEPLOYMENT's progress as "37% of 547.0 GB at 1.2 GB/s, 4 min left"; empty when there is
+/// A DEPLOYMENT's progress as "37% of 547 GB at 1.2 GB/s, 4 min left"; empty when there is
 /// nothing to download yet.
 std::string progress_line(const nlohmann::json& progress);
+
+/// progress_line() followed by the file count: "37% of 547 GB at 1.2 GB/s, 4 min left (3 of 64
+/// files)"; empty when there is nothing to download yet.
+std::string progress_summary(const nlohmann::json& progress);
+
+/// Whether a progress object says every byte is there (the last update of a download).
+bool progress_complete(const nlohmann::json& progress);
+
+/// A bar of `width` cells (brackets included) filled in proportion to done/total, e.g.
+/// "[=======>      ]"; all empty when total is 0.
+std::string progress_bar(std::uint64_t done, std::uint64_t total, std::size_t width);
+
+/// `line` cut to at most `columns` visible characters (escape sequences kept, a color reset
+/// added when a colored part is cut); unchanged when `columns` is 0.
+std::string fit_width(const std::string& line, std::size_t columns);
+
+/// A DEPLOYMENT's progress object as the lines of a live view on a terminal `columns` wide: the
+/// whole download with a bar and progress_summary(), then each file in flight with its own bar,
+/// rate and ETA (at most `max_files`, then "... and N more"). Empty when nothing is to download.
+/// The text after each bar is progress_line()'s, as deploy --wait prints it without a terminal.
+std::vector<std::string> progress_lines(const nlohmann::json& progress, std::size_t columns,
+                                        std::size_t max_files = 16);
+
+/// A DEPLOYMENT as the lines of a live view (modelctl watch on a terminal): id, model, commit,
+/// then while it runs its phase and progress_lines(), once it ended its result and last phase
+/// (headed "Last deployment:"); the error, start and end times.
+std::vector<std::string> deployment_lines(const nlohmann::json& deployment, const Style& style,
+                                          std::size_t columns);
 
 /// The body of GET /v1/status as several lines (daemon, active model, deployment).
 std::string status_text(const nlohmann::json& status, const Style& style);

@@ -3,8 +3,10 @@
 // always means the daemon could not be reached.
 
 #include "modelctl/client.hpp"
-#include "util/json.hpp"
 #include "modelctl/format.hpp"
+#include "modelctl/live.hpp"
+#include "modelctl/watch.hpp"
+#include "util/json.hpp"
 
 #include "util/text.hpp"
 
@@ -27,11 +29,10 @@ namespace {
 
 using nlohmann::json;
 using modelctl::Daemon;
-
-constexpr int exit_ok = 0;
-constexpr int exit_failed = 1;
-constexpr int exit_refused = 2;
-constexpr int exit_unreachable = 3;
+using modelctl::exit_failed;
+using modelctl::exit_ok;
+using modelctl::exit_refused;
+using modelctl::exit_unreachable;
 
 struct Context {
   Daemon& daemon;
@@ -40,10 +41,7 @@ struct Context {
   bool tty = false;
 };
 
-int unreachable(const Daemon& d, const modeld::Error& e) {
-  fmt::print(stderr, "modelctl: cannot reach modeld at {}: {}\n", d.socket_path(), e.message);
-  return exit_unreachable;
-}
+int unreachable(const Daemon& d, const modeld::Error& e) { return modelctl::report_unreachable(d, e); }
 
 std::optional<json> parse_body(const modelctl::Reply& r) {
   auto j = json::parse(r.body, nullptr, false);
@@ -94,43 +92,39 @@ int cmd_status(Context& c) { return show(c, "/v1/status", modelctl::status_text)
 
 int cmd_models(Context& c) { return show(c, "/v1/models", modelctl::models_table); }
 
-// Shows download progress: one line rewritten in place on a terminal, a plain line every few
-// seconds otherwise (logs and CI output stay readable).
+// Shows a deployment's phases and download progress: phases as lines that stay; progress on a
+// terminal as a block (the whole download and each file in flight, with bars) redrawn in place
+// below the last phase, otherwise as a plain line every plain_progress_interval.
 class ProgressPrinter {
  public:
-  explicit ProgressPrinter(bool tty) : tty_(tty) {}
+  explicit ProgressPrinter(bool tty)
+      : tty_(tty), throttle_(tty ? modelctl::live_progress_interval : modelctl::plain_progress_interval) {}
 
-  void progress(const std::string& text, bool complete) {
-    auto now = std::chrono::steady_clock::now();
-    auto every = tty_ ? std::chrono::milliseconds(200) : std::chrono::milliseconds(5000);
-    if (text.empty() || text == last_ || (!complete && now - last_time_ < every)) return;
-    last_ = text;
-    last_time_ = now;
+  void progress(const json& p) {
+    const bool complete = modelctl::progress_complete(p);
     if (tty_) {
-      fmt::print("\r\x1b[K  {}", text);
-      open_ = true;
-    } else {
-      fmt::print("  {}\n", text);
+      auto lines = modelctl::progress_lines(p, modelctl::terminal_size(STDOUT_FILENO).columns);
+      std::string key;
+      for (const auto& l : lines) key += l;
+      if (throttle_.due(key, complete)) block_.draw(lines);
+      return;
     }
-    std::fflush(stdout);
+    if (auto text = modelctl::progress_summary(p); throttle_.due(text, complete)) {
+      fmt::print("  {}\n", text);
+      std::fflush(stdout);
+    }
   }
 
   void line(const std::string& text) {
-    end_line();
+    block_.keep();
     fmt::print("{}\n", text);
     std::fflush(stdout);
   }
 
-  void end_line() {
-    if (open_) std::fputc('\n', stdout);
-    open_ = false;
-  }
-
  private:
   bool tty_;
-  bool open_ = false;
-  std::string last_;
-  std::chrono::steady_clock::time_point last_time_{};
+  modelctl::Throttle throttle_;
+  modelctl::LiveBlock block_;
 };
 
 // Follows deployment `id` on `events` until it ends; false when the daemon became unreachable
@@ -147,9 +141,7 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
       if (e.kind == "phase") {
         out.line(fmt::format("phase: {}", j.value("phase", "?")));
       } else if (e.kind == "progress") {
-        const auto& p = j.value("progress", json());
-        bool complete = p.is_object() && p.value("bytes_done", 0ull) >= p.value("bytes_total", 0ull);
-        out.progress(modelctl::progress_line(p), complete);
+        out.progress(j.value("progress", json()));
       } else if (e.kind == "state") {
         auto state = j.value("state", "running");
         if (state != "running") {
@@ -159,7 +151,6 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
       }
       return true;
     });
-    if (!c.json) out.end_line();
     if (r || ended) return true;
     // The stream broke (a daemon restart continues the deployment): reconnect, then ask
     // whether it ended while no one listened.
@@ -372,6 +363,9 @@ int main(int argc, char** argv) {
   auto* rm = sub("rm", "delete a model's files");
   std::string rm_name;
   rm->add_option("NAME", rm_name, "model")->required()->check(kModelName);
+  auto* watch = sub("watch", "follow the daemon live: active model, deployment phases and progress");
+  std::string watch_name;
+  watch->add_option("NAME", watch_name, "only deployments of this model")->check(kModelName);
   auto* logs = sub("logs", "show the daemon's journal, or a model service's");
   bool follow = false;
   std::string logs_name;
@@ -405,5 +399,6 @@ int main(int argc, char** argv) {
   if (plan->parsed()) return cmd_plan(c, plan_name, allow_downtime);
   if (verify->parsed()) return cmd_verify(c, verify_name);
   if (rm->parsed()) return cmd_rm(c, rm_name);
+  if (watch->parsed()) return modelctl::watch(daemon, {watch_name, c.json, c.tty, c.style});
   return exit_refused;
 }
