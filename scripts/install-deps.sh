@@ -18,7 +18,10 @@ apt-get install -y -qq --no-install-recommends \
     libboost1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     catch2 libssl-dev libtomlplusplus-dev libcli11-dev \
     systemd dbus util-linux procps curl python3 python3-pytest \
-    openssl tinyproxy mitmproxy aria2 prometheus >/dev/null
+    openssl tinyproxy mitmproxy aria2 prometheus tmux \
+    dpkg-dev file gzip lintian >/dev/null
+# dpkg-dev (dpkg-shlibdeps), file and gzip are what scripts/package.sh's CPack DEB run needs;
+# lintian checks the package (docs/packaging.md).
 # tinyproxy (a CONNECT proxy) and mitmproxy (a TLS-intercepting proxy, standing in for
 # Dragonfly) are real proxies for the tests; aria2 is a baseline of tests/bench/download.
 # The tinyproxy package starts a system service; the tests run their own instances.
