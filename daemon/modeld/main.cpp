@@ -11,11 +11,13 @@
 #include "sys/listen_fds.hpp"
 #include "sys/log.hpp"
 #include "sys/notify.hpp"
+#include "sys/threads.hpp"
 #include "units/service_manager.hpp"
 #include "util/files.hpp"
 #include "util/on_pool.hpp"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -24,10 +26,15 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include <cstdio>
-#include <grp.h>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <thread>
+
+#include <grp.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 
 namespace asio = boost::asio;
 using namespace modeld;
@@ -35,21 +42,50 @@ using namespace modeld;
 namespace {
 
 // The Hub token, by the contract's precedence: [hub] token_file, else the systemd credential
-// "hf-token", else $HF_TOKEN. Its value is never logged; only where it came from is.
+// "hf-token", else $HF_TOKEN. Its value is never logged, nor put in an error; only where it came
+// from is.
 struct Token {
   std::string value;
   std::string source;  // "token_file /etc/modeld/hf-token", "credential hf-token", "$HF_TOKEN", "none"
 };
 
+// A token_file that group or others may read or write is refused: the token would be anyone's,
+// or anyone could swap it. The message names the file and its mode and says how to fix it.
+Result<void> check_token_file_mode(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(Errc::config_invalid, "hub.token_file: " + util::errno_error(errno, path, "stat").message);
+  const unsigned mode = st.st_mode & 07777;
+  if ((mode & 0066) == 0) return {};
+  return make_error(Errc::config_invalid,
+                    fmt::format("hub.token_file {} has mode {:04o}: group or others may read or write the Hub "
+                                "token; make it private to root (chmod 600 {}) and start modeld again",
+                                path.string(), mode, path.string()));
+}
+
+// Errors (modeld then refuses to start): a token_file that is missing, unreadable or open to
+// group or others. A credential that cannot be read is reported and skipped; an empty one (the
+// unit's SetCredential= fallback) counts as absent.
 Result<Token> read_token(const config::Config& cfg) {
   if (!cfg.hub.token_file.empty()) {
+    if (auto r = check_token_file_mode(cfg.hub.token_file); !r) return r.error();
     auto t = util::read_secret_file(cfg.hub.token_file);
     if (!t) return make_error(Errc::config_invalid, "hub.token_file: " + t.error().message);
+    if (t->empty())
+      sys::logf(sys::Level::warning, "hub.token_file {} is empty: requests to the Hub carry no token",
+                cfg.hub.token_file.string());
     return Token{*t, "token_file " + cfg.hub.token_file.string()};
   }
-  if (const char* dir = std::getenv("CREDENTIALS_DIRECTORY")) {
-    auto t = util::read_secret_file(std::filesystem::path(dir) / "hf-token");
-    if (t && !t->empty()) return Token{*t, "credential hf-token"};
+  if (const char* dir = std::getenv("CREDENTIALS_DIRECTORY"); dir && *dir) {
+    const auto path = std::filesystem::path(dir) / "hf-token";
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      auto t = util::read_secret_file(path);
+      if (!t)
+        sys::logf(sys::Level::warning, "credential hf-token: {}; trying $HF_TOKEN", t.error().message);
+      else if (!t->empty())
+        return Token{*t, "credential hf-token"};
+    }
   }
   if (const char* env = std::getenv("HF_TOKEN"); env && *env) {
     std::string t = env;
@@ -96,14 +132,42 @@ int main(int argc, char** argv) {
 
   auto token = read_token(*cfg);
   if (!token) {
-    sys::log(sys::Level::error, {}, token.error().message);
+    sys::logf(sys::Level::error, "{}; not starting", token.error().message);
     return 1;
+  }
+  // A core dump (the watchdog's SIGABRT, a crash) would copy the token's bytes into the core
+  // file; a non-dumpable process leaves none, and /proc/PID/mem stays closed to ptrace by
+  // anyone but a privileged tracer. Only when there is a token: without one, cores are useful.
+  if (!token->value.empty()) {
+    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+      sys::log(sys::Level::info, {}, "core dumps are off: this process holds the Hub token");
+    else
+      sys::logf(sys::Level::warning, "cannot turn core dumps off ({}): a core dump would contain the Hub token",
+                std::strerror(errno));
   }
 
   try {
     asio::io_context io(1);
     // O_DIRECT writes wait for the device: more threads than cores keep hashing going meanwhile.
-    asio::thread_pool disk_pool(std::max(8u, std::thread::hardware_concurrency()));
+    const unsigned disk_threads = std::max(8u, std::thread::hardware_concurrency());
+    asio::thread_pool disk_pool(disk_threads);
+    // Hashing and disk jobs yield the CPU to the event loop (10 nice levels below it, whatever
+    // Nice= the unit sets): on a host short of cores the control socket answers and the sockets
+    // are drained first; the pool gets what is left. $MODELD_DISK_NICE (0..19) sets the gap
+    // (0: same priority, as tests/bench/status's baseline uses).
+    int gap = 10;
+    if (const char* v = std::getenv("MODELD_DISK_NICE"); v && *v) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end == '\0' && n >= 0 && n <= 19)
+        gap = static_cast<int>(n);
+      else
+        sys::logf(sys::Level::warning, "$MODELD_DISK_NICE=\"{}\" is not 0..19; using {}", v, gap);
+    }
+    errno = 0;
+    const int loop_nice = ::getpriority(PRIO_PROCESS, 0);
+    if (int e = gap ? sys::set_pool_niceness(disk_pool, disk_threads, std::min(19, (errno ? 0 : loop_nice) + gap)) : 0)
+      sys::logf(sys::Level::warning, "cannot lower the disk threads' priority: {}", std::strerror(e));
 
     auto endpoint = http::Url::parse(cfg->hub.endpoint);
     if (!endpoint) {

@@ -2,6 +2,8 @@
 
 #include "control/metrics.hpp"
 
+#include "control/accept.hpp"
+
 #include "control/routes.hpp"
 #include "sys/log.hpp"
 
@@ -144,6 +146,7 @@ struct MetricsListener::Impl : std::enable_shared_from_this<Impl> {
   std::unordered_map<std::uint64_t, std::weak_ptr<beast::tcp_stream>> conns;
 
   asio::awaitable<void> accept_loop();
+  void accepted(tcp::socket socket);  // for detail::accept_each: starts a session within the limit
   asio::awaitable<void> session(std::shared_ptr<beast::tcp_stream> stream, std::uint64_t id);
 };
 
@@ -191,14 +194,7 @@ std::uint16_t MetricsListener::port() const {
 }
 
 void MetricsListener::start() {
-  asio::co_spawn(impl_->executor, impl_->accept_loop(), [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      sys::logf(sys::Level::error, "metrics listener failed: {}", ex.what());
-    }
-  });
+  detail::spawn_logged(impl_->executor, impl_->accept_loop(), "metrics listener");
 }
 
 void MetricsListener::stop() {
@@ -215,33 +211,19 @@ void MetricsListener::stop() {
 
 asio::awaitable<void> MetricsListener::Impl::accept_loop() {
   auto self = shared_from_this();
-  asio::steady_timer backoff(executor);
-  while (!stopped) {
-    auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
-    if (stopped || ec == asio::error::operation_aborted) co_return;
-    if (ec) {
-      sys::logf(sys::Level::warning, "metrics: accept on {}: {}, retrying", address, ec.message());
-      backoff.expires_after(std::chrono::milliseconds(100));
-      co_await backoff.async_wait(use_tuple);
-      continue;
-    }
-    if (conns.size() >= max_connections) {
-      boost::system::error_code ignored;
-      socket.close(ignored);
-      continue;
-    }
-    auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
-    const auto id = next_id++;
-    conns.emplace(id, stream);
-    asio::co_spawn(executor, session(std::move(stream), id), [](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        sys::logf(sys::Level::error, "metrics connection failed: {}", ex.what());
-      }
-    });
+  co_await detail::accept_each(*this, fmt::format("metrics on {}", address));
+}
+
+void MetricsListener::Impl::accepted(tcp::socket socket) {
+  if (conns.size() >= max_connections) {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    return;
   }
+  auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
+  const auto id = next_id++;
+  conns.emplace(id, stream);
+  detail::spawn_logged(executor, session(std::move(stream), id), "metrics connection");
 }
 
 asio::awaitable<void> MetricsListener::Impl::session(std::shared_ptr<beast::tcp_stream> stream, std::uint64_t id) {

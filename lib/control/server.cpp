@@ -4,6 +4,8 @@
 
 #include "control/server.hpp"
 
+#include "control/accept.hpp"
+
 #include "sys/log.hpp"
 #include "util/files.hpp"
 
@@ -140,6 +142,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   std::chrono::steady_clock::time_point last_refusal_note{};
 
   asio::awaitable<void> accept_loop();
+  void accepted(local::socket socket);  // for detail::accept_each: checks the peer and starts a session
   // Why a new connection of `peer` is over the limits (Limits), or nullopt when it may stay.
   std::optional<std::string> over_limit(const Peer& peer) const;
   void note_refusal(const Peer& peer, const std::string& why);
@@ -151,14 +154,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
 
   // Runs `task` detached, logging an exception (a bug) instead of losing it.
   void spawn(asio::awaitable<void> task, std::string_view what) {
-    asio::co_spawn(executor, std::move(task), [what = std::string(what)](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        sys::logf(sys::Level::error, "control: {} failed: {}", what, ex.what());
-      }
-    });
+    detail::spawn_logged(executor, std::move(task), fmt::format("control: {}", what));
   }
 };
 
@@ -255,37 +251,28 @@ void Server::stop() {
 
 asio::awaitable<void> Server::Impl::accept_loop() {
   auto self = shared_from_this();
-  asio::steady_timer backoff(executor);
-  while (!stopped) {
-    auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
-    if (stopped || ec == asio::error::operation_aborted) co_return;
-    if (ec) {
-      // EMFILE and friends repeat at once; pause instead of spinning.
-      sys::logf(sys::Level::warning, "control: accept on {}: {}, retrying",
-                options.socket_path.native(), ec.message());
-      backoff.expires_after(std::chrono::milliseconds(100));
-      co_await backoff.async_wait(use_tuple);
-      continue;
-    }
-    auto conn = std::make_shared<Conn>(std::move(socket));
-    auto peer = peer_credentials(conn->stream.socket().native_handle());
-    if (!peer) {
-      sys::log(sys::Level::warning, {}, peer.error().message);
-      conn->close();
-      continue;
-    }
-    conn->peer = *peer;
-    if (auto why = over_limit(conn->peer)) {
-      note_refusal(conn->peer, *why);
-      spawn(refuse(std::move(conn), *why), "control refusal");
-      continue;
-    }
-    // Counted from here, not from when the session first runs, so that a burst of accepts
-    // cannot pass the limit.
-    const auto id = next_id++;
-    conns.emplace(id, conn);
-    spawn(session(std::move(conn), id), "control connection");
+  co_await detail::accept_each(*this, fmt::format("control socket {}", options.socket_path.native()));
+}
+
+void Server::Impl::accepted(local::socket socket) {
+  auto conn = std::make_shared<Conn>(std::move(socket));
+  auto peer = peer_credentials(conn->stream.socket().native_handle());
+  if (!peer) {
+    sys::log(sys::Level::warning, {}, peer.error().message);
+    conn->close();
+    return;
   }
+  conn->peer = *peer;
+  if (auto why = over_limit(conn->peer)) {
+    note_refusal(conn->peer, *why);
+    spawn(refuse(std::move(conn), *why), "control refusal");
+    return;
+  }
+  // Counted from here, not from when the session first runs, so that a burst of accepts cannot
+  // pass the limit.
+  const auto id = next_id++;
+  conns.emplace(id, conn);
+  spawn(session(std::move(conn), id), "control connection");
 }
 
 std::optional<std::string> Server::Impl::over_limit(const Peer& peer) const {

@@ -91,19 +91,28 @@ Result<void> Deployer::load() {
   if (!st) return st.error();
   state_ = std::move(*st);
   for (auto& d : states_.load_history(200)) history_.push_back(std::move(d));
+  for (const auto& d : history_)
+    if (d.state == State::running) {
+      interrupted_ = d.id + " of " + d.model;
+      break;
+    }
   return {};
 }
 
 asio::awaitable<void> Deployer::recover() {
-  // The newest deployment that never reached a terminal state was interrupted by a restart.
+  // The newest deployment that never reached a terminal state was interrupted by a restart. It
+  // stays in the history (state running, as the API shows it) until it continues below.
   std::optional<Deployment> unfinished;
-  for (auto it = history_.begin(); it != history_.end(); ++it) {
-    if (it->state == State::running) {
-      unfinished = *it;
-      history_.erase(it);
+  for (const auto& d : history_) {
+    if (d.state == State::running) {
+      unfinished = d;
       break;
     }
   }
+  struct Recovered {
+    std::optional<std::string>& interrupted;
+    ~Recovered() { interrupted.reset(); }
+  } recovered{interrupted_};
   const bool takes_over = unfinished && unfinished->old_stopped;
   bool watch = false;           // the active model may be watched when no deployment continues
   bool started_unit = false;    // recover started its unit: readiness comes before the first probe
@@ -169,6 +178,8 @@ asio::awaitable<void> Deployer::recover() {
     f.phase = std::string(to_string(unfinished->phase));
     sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}",
               unfinished->id, unfinished->model, to_string(unfinished->phase), to_string(first));
+    std::erase_if(history_, [&](const Deployment& d) { return d.id == unfinished->id; });
+    interrupted_.reset();
     if (!services_.config->find_model(unfinished->model)) {
       unfinished->state = State::failed;
       unfinished->error = make_error(Errc::unknown_model, "model " + unfinished->model + " is no longer configured");
@@ -283,6 +294,9 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
     return make_error(Errc::deployment_running,
                       fmt::format("deployment {} of {} is running (phase {})", running_->record.id,
                                   running_->record.model, to_string(running_->record.phase)));
+  if (interrupted_)
+    return make_error(Errc::deployment_running,
+                      fmt::format("deployment {}, interrupted by modeld's restart, is about to continue", *interrupted_));
   if (shutting_down_) return make_error(Errc::cancelled, "modeld is shutting down");
   if (!busy_.empty())
     return make_error(Errc::deployment_running,

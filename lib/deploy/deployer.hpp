@@ -106,6 +106,9 @@ class Deployer final : public Engine {
   /// start meanwhile, so no phase links from, evicts or rewrites a revision under them.
   std::map<std::string, std::string> busy_;
   bool shutting_down_ = false;
+  // "ID of MODEL" of the deployment a restart interrupted, from load() until recover() takes it
+  // up: start() refuses meanwhile, so a new deployment cannot race its continuation.
+  std::optional<std::string> interrupted_;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   /// Watches the active model while no deployment runs; declared last so it goes first.

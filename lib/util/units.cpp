@@ -89,6 +89,10 @@ std::string format_bytes(std::uint64_t bytes) {
   int i = 0;
   while (v >= 1000 && i < 5) { v /= 1000; ++i; }
   if (i == 0) return fmt::format("{} B", bytes);
+  // Three significant digits at most: "547 GB", "54.7 GB", "5.5 GB" (a trailing ".0" of a
+  // 3-digit figure only makes status lines longer). Rounding may carry to 1000 ("999.96 MB"
+  // reads "1000 MB"), which stays correct.
+  if (v >= 99.95) return fmt::format("{:.0f} {}", v, names[i]);
   return fmt::format("{:.1f} {}", v, names[i]);
 }
 

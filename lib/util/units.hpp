@@ -17,7 +17,8 @@ std::optional<std::uint64_t> parse_size(std::string_view text);
 /// returns nullopt on bad syntax, a negative value or overflow.
 std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
 
-/// Formats a byte count for humans with decimal units as disk vendors do: "547.0 GB", "12 B".
+/// Formats a byte count for humans with decimal units as disk vendors do, three significant
+/// digits at most: "547 GB", "54.7 GB", "12 B".
 std::string format_bytes(std::uint64_t bytes);
 
 /// Formats a rate in bytes per second for humans: "1.2 GB/s".

@@ -294,17 +294,34 @@ parallel_files = 4
         return self
 
     def install_units(self):
-        """Installs systemd/*.service as runtime units, plus a drop-in pointing modeld at this build."""
+        """Installs systemd/*.service as runtime units, plus a drop-in pointing modeld at this build.
+
+        The shipped sandbox stays on: the drop-in only adds this run's folder to ReadWritePaths=
+        (models, state, socket; one entry, so adoption's hard links stay on one mount), turns
+        PrivateTmp= off when that folder or the build lies under /tmp, and takes the "hf-token"
+        credential from WORKDIR/credentials/hf-token instead of the host's /etc/modeld/hf-token
+        (with the shipped unit's empty fallback when that file is absent)."""
         sd = self.systemd
         for unit in ("modeld.service", "modeld-serve@.service"):
             sd.run(["cp", str(SOURCE_DIR / "systemd" / unit), f"/run/systemd/system/{unit}"])
+        # LoadCredential= moves a mount from a helper's namespace into PID 1's: that needs shared
+        # propagation, which a PID 1 that believes it runs in a container does not set up itself.
+        sd.run(["mount", "--make-rshared", "/"], check=True)
         dropin = self.workdir / "modeld-test.conf"
         extra_env = "".join(f'Environment="{k}={v}"\n' for k, v in self.environment.items())
+        in_tmp = any(p == Path(t) or Path(t) in p.parents
+                     for p in (self.workdir.resolve(), BUILD_DIR, SOURCE_DIR) for t in ("/tmp", "/var/tmp"))
         dropin.write_text(f"""[Service]
 ExecStart=
 ExecStart={self.modeld} --config {self.config}
 Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-{extra_env}""")
+{extra_env}ReadWritePaths={self.workdir.resolve()}
+{"PrivateTmp=no" if in_tmp else ""}
+LoadCredential=
+SetCredential=
+LoadCredential=hf-token:{self.workdir.resolve()}/credentials/hf-token
+SetCredential=hf-token:\\n
+""")
         sd.run(["mkdir", "-p", "/run/systemd/system/modeld.service.d"])
         sd.run(["cp", str(dropin), "/run/systemd/system/modeld.service.d/50-test.conf"])
         sd.run(["systemctl", "daemon-reload"])
@@ -386,6 +403,7 @@ class ProcessModeld(ModelctlClient):
         self.config = self.workdir / "modeld.toml"
         self.log_path = self.workdir / "modeld.log"
         self.hub_args = hub_args or []
+        self.extra_environment: dict[str, str] = {}  # added to modeld's environment at each start_modeld()
         self.hub: Hub | None = None
         self.proc: subprocess.Popen | None = None
         self.modeld = BUILD_DIR / "modeld"
@@ -422,6 +440,7 @@ parallel_files = 4
                if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
                             "JOURNAL_STREAM", "INVOCATION_ID", "HF_TOKEN")}
         env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.update(self.extra_environment)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([str(self.modeld), "--config", str(self.config)], stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -69,12 +69,16 @@ class NamespacedSystemd:
     """One private systemd: start() boots it and starts the system bus, stop() powers it off."""
 
     def __init__(self, log_path: str | os.PathLike | None = None, boot_timeout: float = 60.0,
-                 stop_timeout: float = 60.0, keep_log: bool = False, private_journal: bool = True):
+                 stop_timeout: float = 60.0, keep_log: bool = False, private_journal: bool = True,
+                 pre_boot: Iterable[str] = ()):
         """The systemd's console output goes to `log_path`, which is kept; without one, to a
         temporary file removed by stop() unless `keep_log`. Errors quote the log's tail. With
         `private_journal` (tests) the journal lives and dies with this systemd; without it (the
-        demo) it is flushed into the host's /var/log/journal, where the operator can read it later."""
+        demo) it is flushed into the host's /var/log/journal, where the operator can read it later.
+        `pre_boot`: shell commands run in the new mount namespace before the recipe's own mounts
+        (e.g. overlay mounts over /usr, /etc and /var for a package install); all must succeed."""
         self.private_journal = private_journal
+        self.pre_boot = list(pre_boot)
         self.boot_timeout = boot_timeout
         self.stop_timeout = stop_timeout
         self.keep_log = keep_log or log_path is not None
@@ -105,7 +109,8 @@ class NamespacedSystemd:
         self._proc = subprocess.Popen(
             ["setsid", "unshare", "--pid", "--mount", "--fork", "--mount-proc",
              "--propagation", "private", "sh", "-c",
-             _BOOT_SCRIPT.format(journal=_PRIVATE_JOURNAL if self.private_journal else "")],
+             "".join(f"{step} && " for step in self.pre_boot)
+             + _BOOT_SCRIPT.format(journal=_PRIVATE_JOURNAL if self.private_journal else "")],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             self.pid = poll(self._find_systemd, 10.0, 0.02)

@@ -37,5 +37,8 @@ TEST_CASE("durations with unknown units are refused") {
 
 TEST_CASE("byte counts print with decimal units") {
   CHECK(format_bytes(12) == "12 B");
-  CHECK(format_bytes(547'000'000'000ull) == "547.0 GB");
+  CHECK(format_bytes(547'000'000'000ull) == "547 GB");
+  CHECK(format_bytes(54'700'000'000ull) == "54.7 GB");
+  CHECK(format_bytes(1'234'000'000ull) == "1.2 GB");
+  CHECK(format_bytes(99'960'000ull) == "100 MB");
 }

@@ -1,0 +1,59 @@
+#pragma once
+// What the control socket's server and the TCP /metrics listener share: accepting connections
+// and running detached coroutines whose exceptions are logged. Internal to lib/control (it pulls
+// in Asio; keep it out of public headers).
+
+#include "sys/log.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <exception>
+#include <string>
+#include <utility>
+
+namespace modeld::control::detail {
+
+/// Runs `task` detached on `executor`; an exception escaping it is logged as an error line
+/// "`what` failed: MESSAGE" instead of ending the process.
+inline void spawn_logged(boost::asio::any_io_executor executor, boost::asio::awaitable<void> task,
+                         std::string what) {
+  boost::asio::co_spawn(std::move(executor), std::move(task), [what = std::move(what)](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      sys::logf(sys::Level::error, "{} failed: {}", what, ex.what());
+    }
+  });
+}
+
+/// Accepts connections on `owner.acceptor` until it is closed or `owner.stopped` is set, giving
+/// each socket to `owner.accepted(socket)`. A failed accept (EMFILE and the like, which repeat at
+/// once) is logged as a warning naming `where` and retried after 100 ms rather than spun on.
+/// `owner` must outlive the loop (callers hold a shared_ptr to it in the coroutine's frame).
+template <class Owner>
+boost::asio::awaitable<void> accept_each(Owner& owner, std::string where) {
+  namespace asio = boost::asio;
+  constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+  asio::steady_timer backoff(owner.executor);
+  while (!owner.stopped) {
+    auto [ec, socket] = co_await owner.acceptor.async_accept(use_tuple);
+    if (owner.stopped || ec == asio::error::operation_aborted) co_return;
+    if (ec) {
+      sys::logf(sys::Level::warning, "{}: accept: {}, retrying", where, ec.message());
+      backoff.expires_after(std::chrono::milliseconds(100));
+      co_await backoff.async_wait(use_tuple);
+      continue;
+    }
+    owner.accepted(std::move(socket));
+  }
+}
+
+}  // namespace modeld::control::detail
