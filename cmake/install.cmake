@@ -81,6 +81,8 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
     "systemd (>= 252), default-dbus-system-bus | dbus-system-bus, init-system-helpers (>= 1.56)")
+# modelctl's completion is loaded by bash-completion; promtool checks /metrics.
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "bash-completion")
 # The extended description (CPack puts CPACK_PACKAGE_DESCRIPTION_SUMMARY first and indents
 # each line; an empty line becomes a paragraph break).
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION

@@ -12,8 +12,9 @@ if [ ! -e "$policy" ]; then
     chmod 0755 "$policy"
     trap 'rm -f "$policy"' EXIT INT TERM
 fi
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends \
+apt-get update -qq -o DPkg::Lock::Timeout=600
+# Another apt (unattended-upgrades, a colleague's install) may hold the lock: wait for it.
+apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
     build-essential cmake ninja-build ccache pkg-config git ca-certificates \
     libboost1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     catch2 libssl-dev libtomlplusplus-dev libcli11-dev \

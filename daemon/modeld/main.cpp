@@ -35,6 +35,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace asio = boost::asio;
 using namespace modeld;
@@ -49,26 +50,15 @@ struct Token {
   std::string source;  // "token_file /etc/modeld/hf-token", "credential hf-token", "$HF_TOKEN", "none"
 };
 
-// A token_file that group or others may read or write is refused: the token would be anyone's,
-// or anyone could swap it. The message names the file and its mode and says how to fix it.
-Result<void> check_token_file_mode(const std::filesystem::path& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    return make_error(Errc::config_invalid, "hub.token_file: " + util::errno_error(errno, path, "stat").message);
-  const unsigned mode = st.st_mode & 07777;
-  if ((mode & 0066) == 0) return {};
-  return make_error(Errc::config_invalid,
-                    fmt::format("hub.token_file {} has mode {:04o}: group or others may read or write the Hub "
-                                "token; make it private to root (chmod 600 {}) and start modeld again",
-                                path.string(), mode, path.string()));
-}
-
 // Errors (modeld then refuses to start): a token_file that is missing, unreadable or open to
 // group or others. A credential that cannot be read is reported and skipped; an empty one (the
 // unit's SetCredential= fallback) counts as absent.
 Result<Token> read_token(const config::Config& cfg) {
   if (!cfg.hub.token_file.empty()) {
-    if (auto r = check_token_file_mode(cfg.hub.token_file); !r) return r.error();
+    // Refused (config::load reports it too, for --check-config and reloads): the token would
+    // be anyone's, or anyone could swap it.
+    if (auto why = config::shared_secret_file(cfg.hub.token_file, "hub.token_file"))
+      return make_error(Errc::config_invalid, *why + " and start modeld again");
     auto t = util::read_secret_file(cfg.hub.token_file);
     if (!t) return make_error(Errc::config_invalid, "hub.token_file: " + t.error().message);
     if (t->empty())
@@ -83,8 +73,14 @@ Result<Token> read_token(const config::Config& cfg) {
       auto t = util::read_secret_file(path);
       if (!t)
         sys::logf(sys::Level::warning, "credential hf-token: {}; trying $HF_TOKEN", t.error().message);
-      else if (!t->empty())
+      else if (!t->empty()) {
+        // systemd copies the credential privately, but its source may be readable by anyone: the
+        // shipped unit's source is the file below (packaging's tmpfiles.d line makes it 0600 at
+        // boot; a file written since then may not be).
+        if (auto why = config::shared_secret_file("/etc/modeld/hf-token", "the credential file"))
+          sys::logf(sys::Level::warning, "{} (when it is the source of LoadCredential=hf-token)", *why);
         return Token{*t, "credential hf-token"};
+      }
     }
   }
   if (const char* env = std::getenv("HF_TOKEN"); env && *env) {
@@ -198,7 +194,15 @@ int main(int argc, char** argv) {
     std::error_code ec;
     std::filesystem::create_directories(cfg->daemon.models_dir, ec);
     if (ec) {
-      sys::logf(sys::Level::error, "cannot create models_dir {}: {}", cfg->daemon.models_dir.string(), ec.message());
+      sys::logf(sys::Level::error, "cannot create daemon.models_dir: {}",
+                util::errno_error(ec.value(), cfg->daemon.models_dir, "create directory").message);
+      return 1;
+    }
+    // An existing models_dir on a path the sandbox keeps read-only would let modeld start and
+    // fail the first deployment in planning: refuse now, with the reason.
+    if (::access(cfg->daemon.models_dir.c_str(), W_OK) != 0) {
+      sys::logf(sys::Level::error, "daemon.models_dir is not writable: {}",
+                util::errno_error(errno, cfg->daemon.models_dir, "access").message);
       return 1;
     }
     deploy::StateStore states(cfg->daemon.state_dir);

@@ -5,6 +5,8 @@
 
 #include "config/config.hpp"
 
+#include <sys/stat.h>
+
 #include "util/text.hpp"
 #include "util/units.hpp"
 
@@ -489,6 +491,8 @@ class Checker {
       endpoint_set = true;  // present but wrong: already a problem; the environment must not mask it
     }
     read_existing_file(t, "token_file", "hub.token_file", out.token_file);
+    if (!out.token_file.empty())
+      if (auto why = shared_secret_file(out.token_file, "hub.token_file")) problem(t.get("token_file")->source(), *why);
     read_int(t, "parallel_files", "hub.parallel_files", out.parallel_files, 1, 64);
     read_size(t, "max_bytes_per_s", "hub.max_bytes_per_s", out.max_bytes_per_s);
     read_existing_file(t, "ca_file", "hub.ca_file", out.ca_file);
@@ -770,6 +774,16 @@ std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& relo
   keep("hub.read_timeout", reloaded.hub.read_timeout, running.hub.read_timeout);
   keep("metrics.listen", reloaded.metrics.listen, running.metrics.listen);
   return out;
+}
+
+std::optional<std::string> shared_secret_file(const std::filesystem::path& path, std::string_view name) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  const unsigned mode = st.st_mode & 07777;
+  if ((mode & 0066) == 0) return std::nullopt;
+  return fmt::format("{} {} has mode {:04o}: group or others may read or write the Hub token; make it "
+                     "private to its owner (chmod 600 {})",
+                     name, path.string(), mode, path.string());
 }
 
 }  // namespace modeld::config

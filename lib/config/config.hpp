@@ -155,6 +155,12 @@ struct LoadResult {
 };
 LoadResult load(const std::filesystem::path& file, const Environment& env);
 
+/// Why the secret file `path` (the Hub token) must not be used as it is: "NAME PATH has mode
+/// 0644: group or others may read or write the Hub token; …chmod 600 PATH…", with `name` the
+/// setting that names it (e.g. "hub.token_file"); nullopt when only its owner may read or write
+/// it, or when it cannot be stat'ed (reading it then reports that).
+std::optional<std::string> shared_secret_file(const std::filesystem::path& path, std::string_view name);
+
 /// A setting that a running daemon cannot take over from a reloaded configuration.
 struct FixedChange {
   std::string key;        ///< e.g. "daemon.models_dir"

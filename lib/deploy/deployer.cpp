@@ -318,8 +318,9 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
   f.message_id = message_id::started;
   sys::logf(sys::Level::notice, f, "deployment {} of model {} started{}", d.id, model,
             d.previous_model ? fmt::format(" (replacing {})", *d.previous_model) : std::string(" (no model active)"));
-  // Never a watchdog restart while a deployment runs: drive() awaits its end before planning.
-  watchdog_->cancel();
+  // The watchdog keeps watching the model in service through planning, downloading and
+  // verifying (hours for a large checkpoint); drive() stops it before the first phase that
+  // touches the service.
   begin(d, Phase::planning);
   return running_->record;
 }
@@ -383,7 +384,6 @@ asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
 asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) {
   Running& r = *rp;
   auto& d = r.record;
-  co_await watchdog_->stop();
   // Planning may put stopping_old first (allow_downtime with a plan that evicts the active
   // model); both orders start with planning, so the order is re-read after it.
   auto order_of = [](bool downtime_first) -> std::vector<Phase> {
@@ -406,6 +406,12 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         failure = make_error(Errc::cancelled, "cancelled by the user");
         break;
       }
+      // From stopping_old on (or once the old server was stopped), the deployment owns the
+      // service: never a watchdog restart of it meanwhile. Before that, a crash of the model in
+      // service is still repaired while the new checkpoint downloads.
+      const bool owns_service = d.old_stopped || p == Phase::stopping_old || p == Phase::launching ||
+                                p == Phase::health_checking || p == Phase::benchmarking;
+      if (owns_service && watchdog_->running()) co_await watchdog_->stop();
       d.phase = p;
       persist(d);
       emit("phase", d);
@@ -472,6 +478,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
     d.error = failure;
   }
   // rolling_back is not cancellable: leaving the host with nothing serving is worse.
+  if (watchdog_->running()) co_await watchdog_->stop();
   d.phase = Phase::rolling_back;
   persist(d);
   emit("phase", d);

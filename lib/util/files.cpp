@@ -14,7 +14,13 @@ Error errno_error(int err, const std::filesystem::path& path, std::string_view w
   Errc code = err == ENOSPC || err == EDQUOT ? Errc::disk_full
               : err == ENOENT                ? Errc::not_found
                                              : Errc::io_error;
-  return make_error(code, fmt::format("{}: {}: {}", path.string(), what, std::strerror(err)));
+  // Under modeld.service's sandbox (ProtectSystem=strict) every path outside ReadWritePaths= is
+  // read-only, however writable its disk: say so where the operator meets it.
+  const std::string_view hint =
+      err == EROFS ? " (under modeld.service's sandbox every path outside ReadWritePaths= is read-only: add "
+                     "ReadWritePaths= for it in a drop-in, see /usr/share/doc/modeld/hardening.md)"
+                   : "";
+  return make_error(code, fmt::format("{}: {}: {}{}", path.string(), what, std::strerror(err), hint));
 }
 
 Result<void> fsync_directory(const std::filesystem::path& dir) {

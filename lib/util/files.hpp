@@ -29,7 +29,8 @@ Result<void> fsync_directory(const std::filesystem::path& dir);
 /// Renames `from` to `to` (same file system) and fsyncs the parent directory of `to`.
 Result<void> durable_rename(const std::filesystem::path& from, const std::filesystem::path& to);
 
-/// Maps an errno value from an operation on `path` to an Error ("PATH: what: strerror").
+/// Maps an errno value from an operation on `path` to an Error ("PATH: what: strerror"); EROFS
+/// adds a hint about modeld.service's sandbox (ReadWritePaths=, docs/hardening.md).
 Error errno_error(int err, const std::filesystem::path& path, std::string_view what);
 
 }  // namespace modeld::util

@@ -5,6 +5,9 @@ Follows shared/docs/real-systemd-in-tests.md exactly; every part of the recipe i
   `systemd-tmpfiles --remove --boot` empties the host's /tmp (the file system is the host's);
 - a private tmpfs on /run keeps the inner systemd's sockets, runtime units and D-Bus apart;
 - --unit=sysinit.target starts journald only, not every service the image has enabled.
+Two additions the recipe does not have, both inside the namespace only: `mount --make-rshared /`
+(systemd's LoadCredential= needs shared propagation, and PID 1 with $container set leaves it
+private) and, unless the demo asks for the host's, a private tmpfs journal.
 It is refused on a host whose PID 1 is systemd (shared cgroup hierarchy): `Unsupported` is raised.
 
 Use:
@@ -33,6 +36,11 @@ _BOOT_SCRIPT = (
     "mount --bind /dev/null /usr/lib/tmpfiles.d/tmp.conf && "
     "mount -t tmpfs tmpfs /run && "
     "{journal}"
+    # Shared propagation inside this namespace only (its mounts have no peers outside after
+    # unshare's --propagation private): LoadCredential= mounts a credentials folder in a helper's
+    # namespace and moves it into PID 1's, which needs it; a PID 1 that believes it runs in a
+    # container does not set it up itself.
+    "mount --make-rshared / && "
     f"exec {SYSTEMD} --system --unit=sysinit.target --log-target=console"
 )
 # With a private journal, a tmpfs over /var/log/journal: the inner journald's files are its own,

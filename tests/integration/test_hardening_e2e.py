@@ -148,10 +148,20 @@ def test_a_models_dir_outside_read_write_paths_is_refused_naming_it_until_a_drop
             (e["MESSAGE"] for e in env.journal(unit="modeld.service")
              if "models_dir" in e.get("MESSAGE", "")), None), timeout=20)
         assert str(env.models_dir) in line and "Read-only file system" in line, line
+        assert "ReadWritePaths=" in line and "hardening.md" in line, line
         assert not env.models_dir.exists()
 
+        # Made by hand, it exists but stays read-only for modeld: still refused at start, not at
+        # the first deployment.
+        env.models_dir.mkdir(parents=True)
+        env.systemd.run(["systemctl", "reset-failed", "modeld.service"])
+        assert env.systemd.run(["systemctl", "restart", "modeld.service"]).returncode != 0
+        line = wait_for("modeld's models_dir error for the existing folder", lambda: next(
+            (e["MESSAGE"] for e in env.journal(unit="modeld.service")
+             if "models_dir is not writable" in e.get("MESSAGE", "")), None), timeout=20)
+        assert str(env.models_dir) in line and "ReadWritePaths=" in line, line
+
         # The drop-in docs/hardening.md gives operators who move models_dir.
-        env.models_dir.parent.mkdir(parents=True)
         env.systemd.write_file("/run/systemd/system/modeld.service.d/60-models-dir.conf",
                                f"[Service]\nReadWritePaths={env.models_dir.parent}\n")
         env.systemd.run(["systemctl", "daemon-reload"], check=True)

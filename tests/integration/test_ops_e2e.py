@@ -175,7 +175,17 @@ def test_an_invalid_configuration_on_reload_is_refused_and_the_old_one_stays(env
     bad = env.workdir / "models.d" / "zz-bad.toml"
     bad.write_text('[models.broken]\nrepo = "acme/x"\nrevsion = "main"\n[models.broken.serve]\ncommand = ["x"]\n')
     try:
-        reload(env)
+        # systemctl reload checks the file first (ExecReload=modeld --check-config): the reload
+        # fails, says why in the journal, and modeld never sees the file.
+        r = env.systemd.run(["systemctl", "reload", "modeld.service"])
+        assert r.returncode != 0, "systemctl reload succeeded with an invalid configuration"
+        wait_line(env, f"{bad}:3:1: unknown key 'revsion'", mark)
+        assert env.unit_state("modeld.service") == "active" and env.main_pid() == pid
+        assert series(env.metrics()).get('modeld_config_reloads_total{result="failure"}', 0) == 0
+
+        # A SIGHUP sent by hand meets the same check inside modeld.
+        mark = journal_mark()
+        env.kill_modeld("HUP")
         refused = wait_line(env, "is invalid: 1 problem(s); keeping the configuration in use", mark)
         assert refused["PRIORITY"] == "3"
         problem = wait_line(env, f"{bad}:3:1: unknown key 'revsion'", mark)

@@ -248,6 +248,9 @@ def test_an_upgrade_during_a_download_restarts_modeld_and_the_deployment_resumes
     # stay throttled until modeld drops them.
     env.set_hub({})
     started = time.time()
+    # A Hub token written carelessly (umask 022) before the upgrade: the package's tmpfiles.d line
+    # makes it private, and the restarted modeld takes it as the credential the unit loads.
+    env.ok("sh", "-c", "echo hf_pkg_token_0123456789 > /etc/modeld/hf-token && chmod 644 /etc/modeld/hf-token")
 
     out = env.ok("dpkg", "-i", str(env.deb2))
     # No conffile question (the edited modeld.toml is kept as it is), and the package is new.
@@ -256,6 +259,7 @@ def test_an_upgrade_during_a_download_restarts_modeld_and_the_deployment_resumes
     assert 'disk_reserve = "0"' in env.ok("cat", "/etc/modeld/modeld.toml")
     pid_after = int(env.prop("modeld.service", "MainPID"))
     assert pid_after not in (0, pid_before), "postinst did not restart modeld"
+    assert env.ok("stat", "-c", "%a %U", "/etc/modeld/hf-token").strip() == "600 root"
 
     def ended():
         d = env.status()["deployment"]
@@ -271,6 +275,12 @@ def test_an_upgrade_during_a_download_restarts_modeld_and_the_deployment_resumes
                and q["file"].startswith("acme/second/") and (q["range"] or "").startswith("bytes=")
                and not q["range"].startswith("bytes=0-")]
     assert resumed, "no ranged request after the upgrade: the download started over"
+    # The credential reached the new modeld (systemd 252's LoadCredential= in the namespace) and
+    # the Hub, and no other origin (the CDN the Hub redirects to). The old modeld had no token.
+    since = [q for q in env.hub.requests() if q["time"] >= started]
+    assert any(q["origin"] == "hub" and q["authorization"] == "Bearer hf_pkg_token_0123456789" for q in since)
+    assert {q["authorization"] for q in since if q["origin"] == "hub"} <= {None, "Bearer hf_pkg_token_0123456789"}
+    assert not any(q["authorization_present"] for q in since if q["origin"] == "cdn")
 
 
 def test_removal_stops_modeld_and_keeps_state_models_and_configuration(env):

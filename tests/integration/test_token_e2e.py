@@ -5,6 +5,8 @@ SetCredential= fallback, as modeld.service ships it), $HF_TOKEN."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from modeld_env import Hub, ModeldEnv, free_port, model_table, wait_for
@@ -170,7 +172,11 @@ def test_a_token_file_readable_by_others_is_refused_naming_the_file_and_its_mode
             (e["MESSAGE"] for e in env.journal(unit="modeld.service")
              if "hub.token_file" in e.get("MESSAGE", "")), None), timeout=20)
         assert str(token_file) in line and "0644" in line and f"chmod 600 {token_file}" in line, line
-        assert "not starting" in line, line
+        assert env.systemd.wait_journal(lambda e: "not starting" in e.get("MESSAGE", ""), unit="modeld.service")
+        # --check-config (and so a reload) finds it too, before any restart could fail on it.
+        check = subprocess.run([str(env.modeld), "--check-config", "--config", str(env.config)],
+                               capture_output=True, text=True)
+        assert check.returncode == 1 and "has mode 0644" in check.stderr and TOKEN not in check.stderr, check
         assert env.unit_state("modeld.service") in ("failed", "activating", "inactive")
         journal = env.systemd.run(["journalctl", "--no-pager", "-o", "json",
                                    f"--since=@{env.systemd.started_at}"], check=True).stdout

@@ -1,9 +1,11 @@
 """End to end, after a deployment succeeded: the watchdog restarts a server that exits 0 on its
-own, and one whose completions keep failing while its process lives on; the benchmark phase
-records its figures in the deployment and in /metrics."""
+own, and one whose completions keep failing while its process lives on, and goes on doing so
+while the next deployment downloads; the benchmark phase records its figures in the deployment
+and in /metrics."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -29,11 +31,15 @@ watch_failures = {failures}
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     work = tmp_path_factory.mktemp("watchdog")
-    e = ModeldEnv(workdir=work)
+    e = ModeldEnv(workdir=work, hub_args=["--control", str(work / "hub-control.json")])
+    e.hub_control = work / "hub-control.json"
+    e.hub_control.write_text("{}")
     e.add_repo("acme/quitter", shards=1, shard_size=100_000, seed=31)
     e.add_repo("acme/wedged", shards=1, shard_size=100_000, seed=32)
     e.add_repo("acme/bench", shards=1, shard_size=100_000, seed=33)
-    e.ports = {"quitter": free_port(), "wedged": free_port(), "bench": free_port()}
+    e.add_repo("acme/steady", shards=1, shard_size=100_000, seed=34)
+    e.add_repo("acme/next", shards=3, shard_size=400_000, seed=35)
+    e.ports = {n: free_port() for n in ("quitter", "wedged", "bench", "steady", "next")}
     e.tables = (
         # Ready, then exits 0 two seconds after it started listening, every time it is started.
         model_table("quitter", "acme/quitter", e.ports["quitter"], serve_args=["--exit-zero-after-ready", "2"])
@@ -42,6 +48,8 @@ def env(tmp_path_factory):
         + model_table("wedged", "acme/wedged", e.ports["wedged"], serve_args=["--fail-completions-after", "6"])
         + health_table("wedged", failures=3)
         # 10 ms per generated token.
+        + model_table("steady", "acme/steady", e.ports["steady"]) + health_table("steady")
+        + model_table("next", "acme/next", e.ports["next"])
         + model_table("bench", "acme/bench", e.ports["bench"], serve_args=["--token-seconds", "0.01"])
         + """
 [models.bench.benchmark]
@@ -176,3 +184,30 @@ def test_the_benchmark_phase_records_its_figures_in_the_deployment_and_the_metri
     out = env.modelctl("status")
     assert "Benchmark:" in out.stdout, out.stdout
     assert env.status()["watchdog"]["model"] == "bench"
+
+
+def test_the_model_in_service_is_still_watched_while_the_next_one_downloads(env):
+    assert env.deploy_and_wait("steady")["state"] == "succeeded"
+    wait_for("the watchdog to watch steady", lambda: (env.status()["watchdog"] or {}).get("model") == "steady"
+             and env.status()["watchdog"]["state"] == "watching", timeout=30)
+    restarts = env.status()["watchdog"]["restarts"]
+    env.hub_control.write_text(json.dumps({"throttle": 40_000}))  # about 10 s per shard
+    try:
+        assert env.modelctl("deploy", "next").returncode == 0
+        wait_for("next's download under way", lambda: (d := env.status()["deployment"])["phase"] == "downloading"
+                 and d["progress"]["bytes_done"] > 0, timeout=60)
+        # The server in service dies while the next checkpoint downloads: the watchdog brings it
+        # back without waiting for the deployment.
+        env.systemd.run(["systemctl", "kill", "-s", "KILL", "modeld-serve@steady.service"], check=True)
+        st = wait_for("the watchdog's restart of steady during the download",
+                      lambda: (s := env.status())["watchdog"]["restarts"] > restarts and s, timeout=60)
+        assert st["deployment"]["model"] == "next" and st["deployment"]["state"] == "running"
+        assert st["deployment"]["phase"] in ("downloading", "verifying"), st["deployment"]
+        wait_for("steady to answer again", lambda: completion(env.ports["steady"], "steady"), timeout=60)
+    finally:
+        env.hub_control.write_text("{}")
+    dep = wait_for("the deployment of next to end",
+                   lambda: (d := env.status()["deployment"])["state"] != "running" and d, timeout=120)
+    assert dep["state"] == "succeeded", dep
+    assert env.status()["active"]["model"] == "next"
+    assert env.unit_state("modeld-serve@steady.service") in ("inactive", "failed")

@@ -476,6 +476,7 @@ TEST_CASE("problems print as FILE:LINE:COL: message") {
 TEST_CASE("files modeld must read later are checked to exist now") {
   TempDir dir;
   fs::path token = dir.write("hf-token", "hf_x\n");
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write);
   fs::path main = dir.write("modeld.toml", fmt::format("[hub]\ntoken_file = \"{}\"\nca_file = \"{}\"\n",
                                                        token.string(), (dir.path / "missing-ca.pem").string()));
   LoadResult r = load(main, Environment{});
@@ -494,6 +495,24 @@ api_key_file = "{}"
                                                           dir.path.string()));
   LoadResult r2 = load(dir_as_key, Environment{});
   REQUIRE(find_problem(r2, "not a regular file"));
+}
+
+TEST_CASE("a token_file that group or others may read is a problem naming its mode and chmod 600") {
+  TempDir dir;
+  fs::path token = dir.write("hf-token", "hf_x\n");
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                             fs::perms::others_read);
+  fs::path main = dir.write("modeld.toml", fmt::format("[hub]\ntoken_file = \"{}\"\n", token.string()));
+  LoadResult r = load(main, Environment{});
+  REQUIRE(r.problems.size() == 1);
+  CHECK(r.problems[0].line == 2);
+  CHECK(r.problems[0].message == fmt::format("hub.token_file {} has mode 0644: group or others may read or write the "
+                                             "Hub token; make it private to its owner (chmod 600 {})",
+                                             token.string(), token.string()));
+  CHECK(r.problems[0].message.find("hf_x") == std::string::npos);
+
+  fs::permissions(token, fs::perms::owner_read);
+  CHECK(load(main, Environment{}).problems.empty());
 }
 
 TEST_CASE("a misspelt placeholder in the serve command is refused") {
