@@ -17,11 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string str(const json& j, const char* key, std::string fallback = "-") {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
-  return j[key].get<std::string>();
-}
-
 std::uint64_t uint(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return 0;
   return j[key].get<std::uint64_t>();
@@ -51,6 +46,11 @@ std::size_t width(const std::string& s) {
 }
 
 }  // namespace
+
+std::string str(const json& j, const char* key, std::string fallback) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
+  return j[key].get<std::string>();
+}
 
 std::string Style::state(const std::string& text) const {
   if (!color) return text;

@@ -20,6 +20,10 @@ struct Style {
   std::string bold(const std::string& text) const;
 };
 
+/// The string at `key` of the JSON object `j`, or `fallback` when `j` is not an object or the
+/// value is missing or not a string (the API's optional fields).
+std::string str(const nlohmann::json& j, const char* key, std::string fallback = "-");
+
 /// The first 12 characters of a commit, or "-" when null.
 std::string short_commit(const nlohmann::json& commit);
 

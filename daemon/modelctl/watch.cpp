@@ -5,6 +5,7 @@
 
 #include "modelctl/watch.hpp"
 
+#include "modelctl/format.hpp"
 #include "modelctl/live.hpp"
 #include "util/json.hpp"
 #include "util/text.hpp"
@@ -22,11 +23,6 @@ namespace modelctl {
 namespace {
 
 using nlohmann::json;
-
-std::string str(const json& j, const char* key, std::string fallback = "-") {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
-  return j[key].get<std::string>();
-}
 
 bool interrupt_on_terminal = false;
 
