@@ -190,7 +190,8 @@ asio::awaitable<void> Deployer::recover() {
       begin(std::move(*unfinished), first);
     }
   }
-  if (watch && !running_ && !shutting_down_) watch_active(started_unit);
+  // Also while a continued deployment plans, downloads and verifies (watch_active() decides).
+  if (watch && !shutting_down_) watch_active(started_unit);
   announce_status();
 }
 
@@ -257,8 +258,13 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
   }, asio::detached);
 }
 
+bool Deployer::owns_service(const Deployment& d, Phase p) {
+  return d.old_stopped || p == Phase::stopping_old || p == Phase::launching || p == Phase::health_checking ||
+         p == Phase::benchmarking || p == Phase::rolling_back;
+}
+
 void Deployer::watch_active(bool wait_ready_first) {
-  if (!state_.active || shutting_down_ || running_) return;
+  if (!state_.active || shutting_down_ || (running_ && owns_service(running_->record, running_->record.phase))) return;
   watchdog_->start(state_.active->model, wait_ready_first);
 }
 
@@ -406,12 +412,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         failure = make_error(Errc::cancelled, "cancelled by the user");
         break;
       }
-      // From stopping_old on (or once the old server was stopped), the deployment owns the
-      // service: never a watchdog restart of it meanwhile. Before that, a crash of the model in
-      // service is still repaired while the new checkpoint downloads.
-      const bool owns_service = d.old_stopped || p == Phase::stopping_old || p == Phase::launching ||
-                                p == Phase::health_checking || p == Phase::benchmarking;
-      if (owns_service && watchdog_->running()) co_await watchdog_->stop();
+      if (owns_service(d, p) && watchdog_->running()) co_await watchdog_->stop();
       d.phase = p;
       persist(d);
       emit("phase", d);

@@ -90,6 +90,10 @@ class Deployer final : public Engine {
   void emit(const std::string& kind, const Deployment& d);
   void announce_status();
   void watch_active(bool wait_ready_first);
+  // Whether deployment `d` about to run (or running) phase `p` owns the model service: from
+  // stopping_old on, or once the old server was stopped. Until then the watchdog keeps watching
+  // the model in service (a large download takes hours); drive() stops it first.
+  static bool owns_service(const Deployment& d, Phase p);
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;

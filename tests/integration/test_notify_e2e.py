@@ -94,3 +94,10 @@ def test_a_stalled_event_loop_is_killed_by_the_watchdog_and_the_deployment_conti
     assert dep["id"] == dep_id, "\n".join(e.get("MESSAGE", "") for e in env.journal("SYSLOG_IDENTIFIER=modeld"))
     assert dep["state"] == "succeeded", dep
     assert env.status()["active"]["model"] == "big2"
+    # The restarted modeld watched big, the model in service, while big2's download went on, and
+    # stopped watching it only when the deployment came to stop it.
+    lines = [e["MESSAGE"] for e in env.journal("SYSLOG_IDENTIFIER=modeld")]
+    cont = next(i for i, m in enumerate(lines) if m.startswith(f"continuing deployment {dep_id}"))
+    watching = [i for i, m in enumerate(lines) if m.startswith("watchdog: watching modeld-serve@big.service")]
+    stopping = next(i for i, m in enumerate(lines) if i > cont and "stopping modeld-serve@big.service" in m)
+    assert any(cont < i < stopping for i in watching), "\n".join(lines[cont:stopping + 1])
