@@ -115,7 +115,7 @@ class Deployer final : public Engine {
   std::optional<std::string> interrupted_;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  /// Watches the active model while no deployment runs; declared last so it goes first.
+  /// Watches the active model while no deployment owns its service; declared last so it goes first.
   std::unique_ptr<Watchdog> watchdog_;
 };
 

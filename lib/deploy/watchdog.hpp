@@ -1,5 +1,6 @@
 #pragma once
-// The post-deploy watchdog (issue 5): while no deployment runs, the active model's unit is
+// The post-deploy watchdog (issue 5): while no deployment owns the model service (none runs, or
+// one is still before stopping_old: Deployer::owns_service), the active model's unit is
 // checked every watch_interval and probed with a cheap generation; a unit that left the active
 // state (for any reason, an exit with status 0 included) or watch_failures failed probes in a row
 // get the unit restarted, with exponential backoff between restarts, each one logged with why.
