@@ -109,6 +109,8 @@ asio::awaitable<void> Deployer::recover() {
       break;
     }
   }
+  // start() refuses until here, the end of recover(): from the erase below to the end nothing
+  // awaits, and begin() has set running_ by then.
   struct Recovered {
     std::optional<std::string>& interrupted;
     ~Recovered() { interrupted.reset(); }
@@ -179,7 +181,6 @@ asio::awaitable<void> Deployer::recover() {
     sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}",
               unfinished->id, unfinished->model, to_string(unfinished->phase), to_string(first));
     std::erase_if(history_, [&](const Deployment& d) { return d.id == unfinished->id; });
-    interrupted_.reset();
     if (!services_.config->find_model(unfinished->model)) {
       unfinished->state = State::failed;
       unfinished->error = make_error(Errc::unknown_model, "model " + unfinished->model + " is no longer configured");

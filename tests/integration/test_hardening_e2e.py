@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from modeld_env import Hub, ModeldEnv, completion, free_port, model_table, wait_for
-from nsystemd import NamespacedSystemd, unsupported_reason
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
@@ -138,11 +138,8 @@ def test_a_models_dir_outside_read_write_paths_is_refused_naming_it_until_a_drop
     env.add_repo("acme/moved", shards=1, shard_size=100_000, seed=80)
     port = free_port()
     try:
-        # As ModeldEnv.start(), without waiting for a socket that is not expected to come.
-        env.hub = Hub(env.repos, env.workdir)
-        env.write_config(model_table("moved", "acme/moved", port))
-        env.systemd = NamespacedSystemd(log_path=env.workdir / "systemd.log").start()
-        env.install_units()
+        # modeld is expected not to come up: no waiting for its socket.
+        env.boot(model_table("moved", "acme/moved", port))
         assert env.systemd.run(["systemctl", "start", "modeld.service"]).returncode != 0
         line = wait_for("modeld's models_dir error", lambda: next(
             (e["MESSAGE"] for e in env.journal(unit="modeld.service")

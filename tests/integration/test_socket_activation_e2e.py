@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 
-from modeld_env import SOURCE_DIR, Hub, ModeldEnv, free_port, model_table, wait_for
-from nsystemd import NamespacedSystemd, unsupported_reason
+from modeld_env import SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
@@ -31,13 +31,8 @@ def env(tmp_path_factory):
     e.add_repo("acme/model-a", shards=2, shard_size=200_000, seed=1)
     e.ports = {"model-a": free_port()}
     try:
-        # ModeldEnv.start() without its last step (starting modeld.service).
-        e.repos.mkdir(parents=True, exist_ok=True)
-        e.hub = Hub(e.repos, e.workdir)
-        e.write_config(model_table("model-a", "acme/model-a", e.ports["model-a"]))
-        e.systemd = NamespacedSystemd(log_path=e.workdir / "systemd.log")
-        e.systemd.start()
-        e.install_units()
+        # Not modeld.service: the socket unit starts it.
+        e.boot(model_table("model-a", "acme/model-a", e.ports["model-a"]))
         sd = e.systemd
         sd.run(["cp", str(SOURCE_DIR / "systemd" / "modeld.socket"), "/run/systemd/system/modeld.socket"],
                check=True)

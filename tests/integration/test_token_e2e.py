@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from modeld_env import Hub, ModeldEnv, free_port, model_table, wait_for
-from nsystemd import NamespacedSystemd, unsupported_reason
+from modeld_env import ModeldEnv, free_port, model_table, wait_for
+from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
@@ -159,13 +159,9 @@ def test_a_token_file_readable_by_others_is_refused_naming_the_file_and_its_mode
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o644)
     env = ModeldEnv(workdir=tmp_path / "env", config_extra=f'token_file = "{token_file}"')
-    env.repos.mkdir(parents=True, exist_ok=True)
     try:
-        # ModeldEnv.start() waits for the socket; here modeld is expected not to come up.
-        env.hub = Hub(env.repos, env.workdir)
-        env.write_config("")
-        env.systemd = NamespacedSystemd(log_path=env.workdir / "systemd.log").start()
-        env.install_units()
+        # modeld is expected not to come up (and --check-config refuses this file too).
+        env.boot("", check_config=False)
         r = env.systemd.run(["systemctl", "start", "modeld.service"])
         assert r.returncode != 0, "modeld started with a world-readable token file"
         line = wait_for("modeld's refusal in the journal", lambda: next(
