@@ -112,7 +112,8 @@ constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
                                                                  "service_manager"};
 constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
-                                                              "max_bytes_per_s", "ca_file", "read_timeout"};
+                                                              "max_bytes_per_s", "ca_file", "read_timeout",
+                                                              "max_file_size"};
 constexpr std::string_view kMetricsKeys[] = {"listen"};
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
@@ -498,6 +499,10 @@ class Checker {
     read_existing_file(t, "ca_file", "hub.ca_file", out.ca_file);
     if (read_duration(t, "read_timeout", "hub.read_timeout", out.read_timeout) && out.read_timeout.count() < 100)
       problem(t.get("read_timeout")->source(), "hub.read_timeout must be at least 100ms");
+    if (read_size(t, "max_file_size", "hub.max_file_size", out.max_file_size) &&
+        (out.max_file_size < (1ull << 20) || out.max_file_size > (1ull << 50)))
+      problem(t.get("max_file_size")->source(),
+              fmt::format("hub.max_file_size must be between 1MiB and 1024TiB, got {} bytes", out.max_file_size));
     return endpoint_set;
   }
 

@@ -45,6 +45,10 @@ struct HubConfig {
   /// Longest wait for the next bytes of an answer (and for connect plus TLS handshake) before the
   /// request is abandoned and retried; a stalled CDN connection costs at most this much.
   milliseconds read_timeout = std::chrono::seconds(30);
+  /// Largest file a listing may name, in bytes (1 MiB..1 PiB; default 1 TiB, 20 times the
+  /// Hub's 50 GB limit per file): a larger one is a lie of the Hub (or of a man in the middle)
+  /// and planning refuses the revision as hub_bad_response.
+  std::uint64_t max_file_size = 1ull << 40;
 
   friend bool operator==(const HubConfig&, const HubConfig&) = default;
 };

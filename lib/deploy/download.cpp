@@ -21,8 +21,8 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
   opt.dest_dir = s.store.revision_dir(run.model.name, *run.record.commit);
   opt.parallel_files = cfg.hub.parallel_files;
   opt.max_bytes_per_s = cfg.hub.max_bytes_per_s;
-  std::uint64_t total = 0;
-  for (const auto& f : run.missing) total += f.size;
+  opt.disk_reserve = cfg.daemon.disk_reserve;
+  const std::uint64_t total = util::total_size(run.missing);
   sys::logf(sys::Level::info, run.fields(), "downloading {} files ({}) from {}, {} at once", run.missing.size(),
             util::format_bytes(total), s.hub.endpoint(), opt.parallel_files);
 
@@ -35,14 +35,17 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
   if (!got) {
     Error e = got.error();
     if (e.code == Errc::disk_full) {
-      // Another writer filled the disk after freeing_disk made room: say by how much it is short.
-      // The partial files stay for a resume once there is room; nothing was promoted.
+      // Another writer filled the disk after freeing_disk made room (or the listing's sizes were
+      // wrong): say by how much it is short. The partial files stay for a resume once there is
+      // room; nothing was promoted.
       auto free = store::free_bytes(opt.dest_dir);
-      std::uint64_t left = total > done ? total - done : 0;
-      e.message += fmt::format("; {} of the download is still to come and {} is free on that file system{}; "
-                               "the partial files are kept, deploy again once there is room",
+      const std::uint64_t left = total > done ? total - done : 0;
+      const std::uint64_t want = util::add_bytes(left, opt.disk_reserve);
+      e.message += fmt::format("; {} of the download is still to come, {} is free on that file system and "
+                               "disk_reserve is {}{}; the partial files are kept, deploy again once there is room",
                                util::format_bytes(left), free ? util::format_bytes(*free) : std::string("an unknown amount"),
-                               free && *free < left ? " (short by " + util::format_bytes(left - *free) + ")" : "");
+                               util::format_bytes(opt.disk_reserve),
+                               free && *free < want ? " (short by " + util::format_bytes(want - *free) + ")" : "");
     }
     co_return e;
   }

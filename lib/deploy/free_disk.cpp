@@ -56,8 +56,7 @@ Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const
 }
 
 std::uint64_t bytes_still_needed(Services& s, const Run& run) {
-  std::uint64_t need = 0;
-  for (const auto& f : run.missing) need += f.size;
+  const std::uint64_t need = util::total_size(run.missing);
   const std::uint64_t partial = s.store.partial_bytes(run.model.name, *run.record.commit);
   return need > partial ? need - partial : 0;
 }

@@ -4,6 +4,7 @@
 #include "deploy/gpu_watch.hpp"
 #include "store/store.hpp"
 #include "units/service_manager.hpp"
+#include "util/on_pool.hpp"
 #include "util/units.hpp"
 
 #include <fmt/format.h>
@@ -67,15 +68,23 @@ boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::M
   co_return co_await s.units.reload();
 }
 
+boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run& run, std::string_view refusing) {
+  const auto& commit = *run.record.commit;
+  const bool same = co_await util::on_pool<bool>(
+      s.disk_pool, [&] { return s.store.manifest_still_matches(run.model.name, commit); });
+  if (!same)
+    co_return make_error(Errc::checkpoint_incomplete,
+                         fmt::format("files of {} at {} changed after their verification; {}", run.model.name,
+                                     commit.substr(0, 12), refusing));
+  co_return Result<void>{};
+}
+
 boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run) {
   const auto unit = units::serve_unit(run.model.name);
   const auto& commit = *run.record.commit;
   // Stopping the old model may have taken minutes: a stat per file proves that nothing touched
   // the verified files meanwhile.
-  if (!s.store.manifest_still_matches(run.model.name, commit))
-    co_return make_error(Errc::checkpoint_incomplete,
-                         fmt::format("files of {} at {} changed after their verification; not launching",
-                                     run.model.name, commit.substr(0, 12)));
+  if (auto r = co_await check_still_verified(s, run, "not launching"); !r) co_return r.error();
   if (auto r = co_await check_gpus_for_launch(s, run); !r) co_return r.error();
   // A folder the files were adopted from is kept, out of the link's way: it may hold more than
   // the checkpoint, and modeld deletes nothing it did not write.

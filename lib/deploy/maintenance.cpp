@@ -4,6 +4,7 @@
 #include "store/store.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
+#include "util/units.hpp"
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>
@@ -61,7 +62,7 @@ Result<VerifyReport> verify_blocking(store::Store& st, const std::string& name) 
   out.model = name;
   out.commit = manifest->commit;
   out.files = files.size();
-  for (const auto& f : files) out.bytes += f.size;
+  out.bytes = util::total_size(files);
 
   // Files are hashed in parallel (one reader per core: the bottleneck of a local NVMe array is
   // the hashing), then the structure is checked from the headers alone.

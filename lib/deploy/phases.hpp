@@ -58,9 +58,16 @@ struct Run {
   sys::Fields fields() const;
 };
 
+/// Refuses a listing (already filtered by include/exclude) that a Hub could not honestly send:
+/// a file under the revision's `.modeld/` (store::is_reserved_path), a file larger than
+/// `max_file_size` bytes (hub.max_file_size), or sizes whose sum does not fit in 64 bits.
+/// Errors: hub_bad_response naming the file (Error::files) and the model's config file.
+Result<void> check_listed_files(const config::ModelConfig& model, const hub::Snapshot& kept,
+                                std::uint64_t max_file_size);
+
 /// What planning finds out before it touches the disk: the listing filtered by include/exclude,
-/// checked against what the checkpoint needs (filters, safetensors index).
-/// Errors: the Hub's, plan_invalid, checkpoint_incomplete.
+/// checked by check_listed_files and against what the checkpoint needs (filters, safetensors index).
+/// Errors: the Hub's, hub_bad_response, plan_invalid, checkpoint_incomplete.
 boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
                                                                  const std::string& revision);
 
@@ -126,7 +133,14 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run);
 /// then write the revision's manifest.
 boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run);
 
-/// stopping_old: stop the active model's unit and wait until it is inactive.
+/// Proves with a stat per file (on the disk pool) that the files of the run's revision are still
+/// those its manifest recorded at verification; checkpoint_incomplete ending "...; `refusing`"
+/// ("not launching") otherwise.
+boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run& run, std::string_view refusing);
+
+/// stopping_old: check that the new revision's files are still the verified ones (unless
+/// planning put stopping_old first), then stop the active model's unit and wait until nothing of
+/// it is left.
 boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run);
 
 /// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, start.

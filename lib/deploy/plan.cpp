@@ -103,6 +103,36 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
 
 }  // namespace
 
+Result<void> check_listed_files(const config::ModelConfig& model, const hub::Snapshot& kept,
+                                std::uint64_t max_file_size) {
+  const auto where = [&] { return fmt::format("the listing of {} at {}", model.repo, kept.commit); };
+  std::uint64_t total = 0;
+  for (const auto& f : kept.files) {
+    if (store::is_reserved_path(f.path))
+      return make_error(Errc::hub_bad_response,
+                        fmt::format("{} names '{}', but {}/ inside a revision is modeld's own (manifest, partial "
+                                    "downloads): refusing the revision (if the repository really has it, add "
+                                    "\"{}/*\" to exclude of model {} in {})",
+                                    where(), f.path, store::metadata_dir, store::metadata_dir,
+                                    model.name, model.source_file.string()),
+                        std::vector<std::string>{f.path});
+    if (f.size > max_file_size)
+      return make_error(Errc::hub_bad_response,
+                        fmt::format("{} says '{}' is {} bytes, more than hub.max_file_size ({} bytes): no real "
+                                    "checkpoint file is that large; refusing the revision",
+                                    where(), f.path, f.size, max_file_size),
+                        std::vector<std::string>{f.path});
+    auto sum = util::checked_add(total, f.size);
+    if (!sum)
+      return make_error(Errc::hub_bad_response,
+                        fmt::format("{}: the sizes of its files add up to more than 2^64 bytes (at '{}')", where(),
+                                    f.path),
+                        std::vector<std::string>{f.path});
+    total = *sum;
+  }
+  return {};
+}
+
 boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
                                                                  const std::string& revision) {
   auto snap = co_await s.hub.snapshot(model.repo, revision);
@@ -112,6 +142,7 @@ boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, co
   kept.files.clear();
   for (const auto& f : snap->files)
     if (util::passes_filters(f.path, model.include, model.exclude)) kept.files.push_back(f);
+  if (auto r = check_listed_files(model, kept, s.config->hub.max_file_size); !r) co_return r.error();
 
   auto dropped = verify::needed_but_filtered(snap->files, kept.files);
   if (!dropped.empty()) {
@@ -143,8 +174,7 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   rec.commit = snap->commit;
   if (auto r = s.store.prepare_revision(run.model.name, snap->commit); !r) co_return r.error();
 
-  std::uint64_t total = 0;
-  for (const auto& f : kept.files) total += f.size;
+  const std::uint64_t total = util::total_size(kept.files);
 
   if (s.store.manifest_still_matches(run.model.name, snap->commit)) {
     run.missing.clear();
@@ -155,8 +185,7 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
     if (!missing) co_return missing.error();
     run.missing = std::move(*missing);
     if (auto r = co_await adopt_foreign_folder(s, run); !r) co_return r.error();
-    std::uint64_t need = 0;
-    for (const auto& f : run.missing) need += f.size;
+    const std::uint64_t need = util::total_size(run.missing);
     sys::logf(sys::Level::info, run.fields(), "{} at {} is commit {}: {} files, {}; {} files, {} to download",
               run.model.repo, revision, snap->commit, kept.files.size(), util::format_bytes(total),
               run.missing.size(), util::format_bytes(need));
@@ -181,9 +210,8 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
       }
     }
   }
-  rec.progress.bytes_total = 0;
   rec.progress.files_total = static_cast<unsigned>(run.missing.size());
-  for (const auto& f : run.missing) rec.progress.bytes_total += f.size;
+  rec.progress.bytes_total = util::total_size(run.missing);
   run.snapshot = std::move(kept);
   co_return Result<void>{};
 }
@@ -217,7 +245,7 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
     }
   }
   p.files_to_fetch = missing.size();
-  for (const auto& f : missing) p.bytes_to_fetch += f.size;
+  p.bytes_to_fetch = util::total_size(missing);
   p.bytes_local = p.bytes_total - p.bytes_to_fetch;
   p.bytes_partial = missing.empty() ? 0 : s.store.partial_bytes(model.name, p.commit);
   p.bytes_needed = p.bytes_to_fetch > p.bytes_partial ? p.bytes_to_fetch - p.bytes_partial : 0;
@@ -264,7 +292,7 @@ boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const confi
   p.active_model = active;
   p.disk_reserve = s.config->daemon.disk_reserve;
   p.files_total = listed->files.size();
-  for (const auto& f : listed->files) p.bytes_total += f.size;
+  p.bytes_total = util::total_size(listed->files);
 
   // Stats and tree walks of a store that may hold terabytes: on the disk pool, as planning's
   // own disk work would be, and with the same functions, minus every change. The job captures

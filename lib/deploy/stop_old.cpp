@@ -113,9 +113,47 @@ asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, Run& run, 
                   old_unit.empty() ? "stop it or change serve.port" : "not stopping the model that serves"));
 }
 
+// Polls until nothing of the stopped `unit` is left (control group, `ports`), noting what is
+// left every 10 s; stop_timeout at `deadline`, cancelled on cancel.
+asio::awaitable<Result<void>> wait_nothing_left(Services& s, const Run& run, const std::string& unit,
+                                                const std::set<std::uint16_t>& ports,
+                                                std::chrono::steady_clock::time_point t0,
+                                                std::chrono::steady_clock::time_point deadline) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  auto last_note = std::chrono::steady_clock::now();
+  for (;;) {
+    auto left = co_await find_leftovers(s, unit, units::serve_unit(run.model.name), ports);
+    if (!left) co_return left.error();
+    if (left->empty()) co_return Result<void>{};
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline)
+      co_return make_error(Errc::stop_timeout,
+                           fmt::format("{} is stopped but {} after {}: not starting model {} on top of it", unit,
+                                       left->describe(unit),
+                                       util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(now - t0)),
+                                       run.model.name));
+    if (now - last_note >= std::chrono::seconds(10)) {
+      sys::logf(sys::Level::notice, run.fields(), "waiting for what {} left: {}", unit, left->describe(unit));
+      last_note = now;
+    }
+    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
+      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+    timer.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(200), deadline - now));
+    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::operation_aborted)
+      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+  }
+}
+
 }  // namespace
 
 boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
+  // What can fail on the new revision's files fails here, while the old model still serves
+  // (with downtime_first nothing is downloaded yet, and the old model is to go anyway).
+  if (!run.record.downtime_first) {
+    const auto refusing = run.previous ? fmt::format("not stopping {}", run.previous->model) : std::string("not launching");
+    if (auto r = co_await check_still_verified(s, run, refusing); !r) co_return r.error();
+  }
   if (!run.previous) {
     if (auto r = co_await refuse_foreign_port_holder(s, run, "", 0); !r) co_return r.error();
     sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model is active");
@@ -147,30 +185,7 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
   // systemd calls the unit inactive once its main process and control group are gone, but a
   // process that left the cgroup, or a port released late, must not meet the new server.
   const auto deadline = t0 + stop_wait(timeout);
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  auto last_note = std::chrono::steady_clock::now();
-  for (;;) {
-    auto left = co_await find_leftovers(s, unit, units::serve_unit(run.model.name), ports);
-    if (!left) co_return left.error();
-    if (left->empty()) break;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
-      co_return make_error(Errc::stop_timeout,
-                           fmt::format("{} is stopped but {} after {}: not starting model {} on top of it", unit,
-                                       left->describe(unit),
-                                       util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(now - t0)),
-                                       run.model.name));
-    if (now - last_note >= std::chrono::seconds(10)) {
-      sys::logf(sys::Level::notice, run.fields(), "waiting for what {} left: {}", unit, left->describe(unit));
-      last_note = now;
-    }
-    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
-      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
-    timer.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(200), deadline - now));
-    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (ec == asio::error::operation_aborted)
-      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
-  }
+  if (auto r = co_await wait_nothing_left(s, run, unit, ports, t0, deadline); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "{} stopped: its control group is empty and port{} {} free", unit,
             ports.size() > 1 ? "s" : "", fmt::join(ports, ", "));
   // A daemon restarted during launching or health_checking finds the new server running: its GPU

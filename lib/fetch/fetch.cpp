@@ -13,10 +13,12 @@
 
 #include "fetch/fetch.hpp"
 
+#include "fetch/disk_guard.hpp"
 #include "fetch/partial.hpp"
 #include "sys/log.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
+#include "util/units.hpp"
 #include "verify/hash.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -250,6 +252,7 @@ struct RunState {
         block_size(std::clamp<std::size_t>((16u << 20) / std::max(1u, o.parallel_files), 256u << 10, 2u << 20) /
                    (64u << 10) * (64u << 10)),
         limiter(o.max_bytes_per_s),
+        guard(o.dest_dir, o.disk_reserve),
         on_progress(std::move(cb)) {
     for (const auto& f : list) files.push_back(std::make_unique<FileState>(o, f));
     samples.emplace_back(Clock::now(), 0);
@@ -261,6 +264,7 @@ struct RunState {
   const Options& options;
   std::size_t block_size;
   RateLimiter limiter;
+  DiskGuard guard;
   std::function<void(const Progress&)> on_progress;
   std::mt19937 rng{std::random_device{}()};
 
@@ -745,7 +749,10 @@ class SegmentRequest {
     }
     auto r = co_await util::on_pool<Result<void>>(s_.pool, [&]() -> Result<void> {
       if (len > 0) {
-        if (auto w = f.part.write_at(at, seg_.block.bytes()); !w) return w;
+        if (auto g = s_.guard.acquire(f.file.path, len); !g) return g;
+        auto w = f.part.write_at(at, seg_.block.bytes());
+        s_.guard.release(len);
+        if (!w) return w;
         if (hash_inline) f.hasher->update(seg_.block.bytes());
       }
       if (record) return f.part.record(snapshot, durable);
@@ -902,7 +909,7 @@ awaitable<Result<std::vector<Fetched>>> run_all(hub::Hub& hub, http::Client& cli
 
   RunState s(hub, client, pool, options, files, std::move(on_progress));
   s.progress.files_total = static_cast<unsigned>(files.size());
-  for (const auto& f : files) s.progress.bytes_total += f.size;
+  s.progress.bytes_total = util::total_size(files);
 
   auto ex = co_await asio::this_coro::executor;
   s.all_done = std::make_unique<asio::steady_timer>(ex, asio::steady_timer::time_point::max());

@@ -50,6 +50,9 @@ struct Options {
   std::filesystem::path dest_dir;     ///< the revision folder; files land at dest_dir/PATH
   unsigned parallel_files = 8;        ///< connections at once (files, or parts of a large file)
   std::uint64_t max_bytes_per_s = 0;  ///< 0 = unlimited
+  /// Bytes that must stay free on dest_dir's file system (daemon.disk_reserve): a write that
+  /// would cross it ends the run with disk_full instead (disk_guard.hpp), partial files kept.
+  std::uint64_t disk_reserve = 0;
   unsigned max_attempts = 5;  ///< attempts of one file in a row that bring no byte (hub-protocol.md "Retries")
   /// Failures in a row across the whole run with no byte arriving anywhere; failures of requests
   /// sent before the current retry pause began count once with it, so N connections failing at
@@ -93,7 +96,7 @@ class Fetcher {
   /// Stops within a second when the awaiting coroutine is cancelled (Errc::cancelled), leaving
   /// partial files for a later resume. Errors name the file: size_mismatch, checksum_mismatch
   /// (what arrived: e.g. an HTML page or an LFS pointer), hub_* and network errors after
-  /// retries, disk_full, io_error; plan_invalid for a path that is not a safe relative path.
+  /// retries, disk_full (the disk_reserve reached, or ENOSPC), io_error; plan_invalid for a path that is not a safe relative path.
   /// The result lists the files in the order of `files`.
   boost::asio::awaitable<Result<std::vector<Fetched>>> run(std::vector<hub::RepoFile> files,
                                                            std::function<void(const Progress&)> on_progress);

@@ -1,4 +1,5 @@
 #include "fetch/partial.hpp"
+#include "store/store.hpp"
 #include "util/json.hpp"
 
 #include "util/files.hpp"
@@ -87,7 +88,7 @@ std::optional<RangeSet> parse_ranges(const nlohmann::json& j) {
 
 }  // namespace
 
-fs::path partial_dir(const fs::path& dest_dir) { return dest_dir / ".modeld" / "partial"; }
+fs::path partial_dir(const fs::path& dest_dir) { return dest_dir / store::metadata_dir / "partial"; }
 
 std::string partial_name(std::string_view repo_path) {
   std::string name;

@@ -8,6 +8,7 @@
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
 #include "util/text.hpp"
+#include "util/units.hpp"
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>
@@ -127,7 +128,7 @@ Result<Adoption> Store::scan_adoption(const std::string& name, const std::string
       continue;
     }
     out.candidates.push_back(f);
-    out.candidate_bytes += f.size;
+    out.candidate_bytes = util::add_bytes(out.candidate_bytes, f.size);
   }
   return out;
 }
@@ -182,7 +183,7 @@ Result<Adoption> Store::adopt(const std::string& name, const std::string& commit
       continue;
     }
     out.adopted.push_back(f.path);
-    out.adopted_bytes += f.size;
+    out.adopted_bytes = util::add_bytes(out.adopted_bytes, f.size);
   }
   if (!out.adopted.empty())
     if (auto r = util::fsync_directory(target); !r) return r.error();

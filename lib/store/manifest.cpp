@@ -7,6 +7,7 @@
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
 #include "util/text.hpp"
+#include "util/units.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -28,7 +29,7 @@ namespace {
 
 constexpr std::size_t kMaxManifestBytes = 64u << 20;
 
-fs::path manifest_path(const fs::path& revision) { return revision / ".modeld" / "manifest.json"; }
+fs::path manifest_path(const fs::path& revision) { return revision / metadata_dir / "manifest.json"; }
 
 json to_json(const Manifest& m) {
   json files = json::array();
@@ -88,7 +89,7 @@ std::uint64_t Manifest::size_bytes() const {
   std::set<detail::InodeKey> seen;
   std::uint64_t total = 0;
   for (const auto& f : files)
-    if (f.identity.inode == 0 || seen.emplace(f.identity.device, f.identity.inode).second) total += f.size;
+    if (f.identity.inode == 0 || seen.emplace(f.identity.device, f.identity.inode).second) total = util::add_bytes(total, f.size);
   return total;
 }
 
@@ -182,7 +183,7 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Sna
     const auto dest = target / f.path;
     struct stat st {};
     if (::lstat(dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.size) {
-      out.present_bytes += f.size;
+      out.present_bytes = util::add_bytes(out.present_bytes, f.size);
       continue;  // present; its hash is checked by the fetch engine or verification later
     }
 
@@ -226,7 +227,7 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Sna
       break;
     }
     if (linked)
-      out.linkable_bytes += f.size;
+      out.linkable_bytes = util::add_bytes(out.linkable_bytes, f.size);
     else
       missing.push_back(f);
   }

@@ -103,7 +103,7 @@ fs::path Store::model_path(const std::string& name) const { return models_dir_ /
 
 Result<void> Store::prepare_revision(const std::string& name, const std::string& commit) {
   if (auto r = detail::check_names(name, commit); !r) return r.error();
-  auto dir = revision_dir(name, commit) / ".modeld" / "partial";
+  auto dir = revision_dir(name, commit) / metadata_dir / "partial";
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", dir.string(), ec.message()));
@@ -146,7 +146,7 @@ std::uint64_t Store::partial_bytes(const std::string& name, const std::string& c
   if (!detail::check_names(name, commit)) return 0;
   std::uint64_t total = 0;
   std::error_code ec;
-  const auto root = revision_dir(name, commit) / ".modeld" / "partial";
+  const auto root = revision_dir(name, commit) / metadata_dir / "partial";
   for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     struct stat st {};
     if (::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;

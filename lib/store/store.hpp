@@ -44,6 +44,17 @@ struct Manifest {
   std::uint64_t size_bytes() const;
 };
 
+/// The folder inside each revision that holds modeld's own files (`manifest.json`, `partial/`):
+/// no file of a repository may be stored under it.
+inline constexpr std::string_view metadata_dir = ".modeld";
+
+/// Whether the repository path `path` ('/'-separated) lies under metadata_dir, where a listed
+/// file would be overwritten by, or overwrite, modeld's manifest and partial downloads.
+constexpr bool is_reserved_path(std::string_view path) {
+  return path == metadata_dir || (path.starts_with(metadata_dir) && path.size() > metadata_dir.size() &&
+                                  path[metadata_dir.size()] == '/');
+}
+
 /// Name suffix of the sidecar the fetch engine keeps beside each partial download in
 /// `.modeld/partial/` ("NAME.part" and "NAME.part.json", lib/fetch/partial.hpp); partial_bytes()
 /// leaves sidecars out, as it does any other `*.json` file there.

@@ -34,6 +34,12 @@ std::optional<double> take_number(std::string_view& s) {
 
 }  // namespace
 
+std::optional<std::uint64_t> checked_add(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) return std::nullopt;
+  return sum;
+}
+
 std::optional<std::uint64_t> parse_size(std::string_view text) {
   std::string_view s = trim(text);
   auto num = take_number(s);

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +17,25 @@ std::optional<std::uint64_t> parse_size(std::string_view text);
 /// Parses a duration such as "90s", "60m", "2h", "1h30m", "250ms"; a bare number is seconds;
 /// returns nullopt on bad syntax, a negative value or overflow.
 std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
+
+/// a + b in bytes, or nullopt when the sum does not fit in 64 bits (sizes from a listing are
+/// untrusted: a wrapped sum once made 2^63 + 2^63 + 44 bytes plan as 44).
+std::optional<std::uint64_t> checked_add(std::uint64_t a, std::uint64_t b);
+
+/// a + b in bytes, saturating at UINT64_MAX instead of wrapping: a total that saturated never
+/// fits a disk, so comparisons stay on the safe side.
+constexpr std::uint64_t add_bytes(std::uint64_t a, std::uint64_t b) {
+  return b > std::numeric_limits<std::uint64_t>::max() - a ? std::numeric_limits<std::uint64_t>::max() : a + b;
+}
+
+/// The sum of the `size` members (bytes) of `items` (repository files, manifest entries),
+/// saturating as add_bytes does.
+template <class Range>
+std::uint64_t total_size(const Range& items) {
+  std::uint64_t total = 0;
+  for (const auto& item : items) total = add_bytes(total, item.size);
+  return total;
+}
 
 /// Formats a byte count for humans with decimal units as disk vendors do, three significant
 /// digits at most: "547 GB", "54.7 GB", "12 B".

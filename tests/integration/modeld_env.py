@@ -14,6 +14,7 @@ inside the namespace see too, so the test can compare files and talk to the sock
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -49,6 +50,32 @@ def completion(port: int, model: str, prompt: str = "Hello", max_tokens: int = 4
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())["choices"][0]["text"]
+
+
+@contextlib.contextmanager
+def small_disk(work: Path, size: int, name: str = "modeld-test-small"):
+    """WORK/models as a tmpfs of `size` bytes (a disk that fills), unmounted afterwards; yields WORK.
+    Mounted before the namespaced systemd boots, so modeld sees it too."""
+    models = work / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", name, str(models)], check=True)
+    try:
+        yield work
+    finally:
+        subprocess.run(["umount", "-l", str(models)], check=False)
+
+
+def write_control(path: Path, **faults) -> None:
+    """Replaces the hub's --control settings at `path` (atomically: the hub never reads half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    os.replace(tmp, path)
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the file system of `path` for an unprivileged writer, as modeld counts them."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def free_port() -> int:
@@ -227,12 +254,13 @@ class ModeldEnv(ModelctlClient):
     def __init__(self, workdir: Path | None = None, models: dict[str, dict] | None = None,
                  hub_args: list[str] | None = None, config_extra: str = "", keep: bool = False,
                  environment: dict[str, str] | None = None, control_group: str = "root",
-                 journal_to_host: bool = False):
+                 journal_to_host: bool = False, disk_reserve: str = "0"):
         """`config_extra` goes into the [hub] table of the configuration; `environment` becomes
         Environment= lines of modeld.service's test drop-in (e.g. HTTPS_PROXY, NO_PROXY);
         `control_group` is [control] group (who besides root may call mutating routes);
         `journal_to_host` keeps the journal in the host's /var/log/journal (the demo) instead of
-        one private to this run (tests)."""
+        one private to this run (tests); `disk_reserve` is [daemon] disk_reserve."""
+        self.disk_reserve = disk_reserve
         self.journal_to_host = journal_to_host
         self.own_workdir = workdir is None
         self.control_group = control_group
@@ -265,7 +293,7 @@ models_dir = "{self.models_dir}"
 state_dir = "{self.state_dir}"
 socket = "{self.socket}"
 unit_dir = "/run/systemd/system"
-disk_reserve = "0"
+disk_reserve = "{self.disk_reserve}"
 
 [control]
 group = "{self.control_group}"

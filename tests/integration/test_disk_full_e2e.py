@@ -7,14 +7,10 @@ which tmpfs refuses, to buffered writes)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+import modeld_env
+from modeld_env import ModeldEnv, completion, free_bytes, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -25,26 +21,8 @@ TMPFS_SIZE = 40 * MiB
 
 @pytest.fixture
 def small_disk(tmp_path):
-    work = tmp_path / "work"
-    models = work / "models"
-    models.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0755", "modeld-test-small", str(models)],
-                   check=True)
-    try:
+    with modeld_env.small_disk(tmp_path / "work", TMPFS_SIZE) as work:
         yield work
-    finally:
-        subprocess.run(["umount", "-l", str(models)], check=False)
-
-
-def set_faults(path: Path, **faults) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(faults))
-    os.replace(tmp, path)
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def test_a_disk_filled_mid_download_fails_with_disk_full_and_the_next_deploy_resumes(small_disk):
@@ -59,7 +37,7 @@ def test_a_disk_filled_mid_download_fails_with_disk_full_and_the_next_deploy_res
         env.deploy_and_wait("old")
 
         # Slow the new model's shards down so the disk can be filled while they arrive.
-        set_faults(control, throttle=2 * MiB)
+        write_control(control, throttle=2 * MiB)
         assert env.modelctl("deploy", "new").returncode == 0
         # Wait until every shard has a first block (2 MiB here) written to its partial file.
         wait_for("the new model's download to be under way", lambda: (
@@ -94,7 +72,7 @@ def test_a_disk_filled_mid_download_fails_with_disk_full_and_the_next_deploy_res
 
         # Room again: the next deployment continues from the partial files.
         filler.unlink()
-        set_faults(control)
+        write_control(control)
         before = env.hub.stats()["cdn_body_bytes"]
         env.deploy_and_wait("new")
         sent = env.hub.stats()["cdn_body_bytes"] - before

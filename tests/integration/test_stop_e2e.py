@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import modeld_env
 from modeld_env import BUILD_DIR, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -220,15 +220,8 @@ def test_a_port_held_after_the_main_process_exits_delays_the_next_server_on_that
 
 @pytest.fixture
 def small_disk(tmp_path):
-    work = tmp_path / "work"
-    models = work / "models"
-    models.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={40 * MiB},mode=0755", "modeld-test-downtime",
-                    str(models)], check=True)
-    try:
+    with modeld_env.small_disk(tmp_path / "work", 40 * MiB, "modeld-test-downtime") as work:
         yield work
-    finally:
-        subprocess.run(["umount", "-l", str(models)], check=False)
 
 
 def test_allow_downtime_stops_the_old_model_before_evicting_it(small_disk):

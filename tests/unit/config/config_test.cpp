@@ -184,6 +184,28 @@ TEST_CASE("sizes are strings with units or integer byte counts, and bad ones are
   }
 }
 
+TEST_CASE("hub.max_file_size is a size between 1 MiB and 1024 TiB") {
+  TempDir dir;
+  SECTION("a size with a unit") {
+    fs::path main = dir.write("modeld.toml", "[hub]\nmax_file_size = \"200GiB\"\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->hub.max_file_size == 200ull << 30);
+  }
+  SECTION("too small or too large is a problem at the value") {
+    for (const char* value : {"\"1000\"", "\"2048TiB\""}) {
+      fs::path main = dir.write("modeld.toml", fmt::format("[hub]\nmax_file_size = {}\n", value));
+      LoadResult r = load(main, Environment{});
+      INFO(dump(r));
+      REQUIRE(r.problems.size() == 1);
+      CHECK(r.problems[0].line == 2);
+      CHECK(r.problems[0].column == 17);
+      CHECK(r.problems[0].message.find("hub.max_file_size must be between 1MiB and 1024TiB") == 0);
+    }
+  }
+}
+
 TEST_CASE("a bad duration names the key and the text") {
   TempDir dir;
   fs::path main = dir.write("modeld.toml", std::string(kMinimalModel) + "startup_timeout = \"5 fortnights\"\n"
@@ -430,6 +452,7 @@ TEST_CASE("defaults fill every key the files leave out") {
   CHECK(c.control.group == "modeld");
   CHECK(c.hub.token_file.empty());
   CHECK(c.hub.max_bytes_per_s == 0u);
+  CHECK(c.hub.max_file_size == 1ull << 40);
   CHECK(c.metrics.listen.empty());
   const ModelConfig& m = *c.find_model("m");
   CHECK(m.revision == "main");

@@ -1,6 +1,8 @@
 #include "fetch/fetch.hpp"
 
+#include "fetch/disk_guard.hpp"
 #include "fetch/partial.hpp"
+#include "store/store.hpp"
 #include "verify/hash.hpp"
 
 #include "unit/http/test_server.hpp"
@@ -430,7 +432,8 @@ TEST_CASE("the first failure stops the other files and is the one returned") {
   REQUIRE(!r);
   CHECK(r.error().code == Errc::hub_not_found);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));  // not the read timeout
-  CHECK(fs::exists(env.part_path("big.bin")));
+  REQUIRE(fs::exists(env.part_path("big.bin")));
+  CHECK(fs::file_size(env.part_path("big.bin")) == bytes.size());  // sparse: the blocks that fitted written
 }
 
 TEST_CASE("cancellation leaves the partial and returns cancelled promptly") {
@@ -954,4 +957,42 @@ TEST_CASE("progress lists the files in flight with their bytes and connections")
       if (f.path == "w.bin" && f.bytes_total == bytes.size() && f.bytes_done > 0) saw = true;
   CHECK(saw);
   CHECK(env.reports.back().bytes_done == bytes.size());
+}
+
+TEST_CASE("a download stops with disk_full before free space drops below disk_reserve") {
+  Env env;
+  auto bytes = random_bytes(48u << 20, 7);
+  env.content["big.bin"] = bytes;
+  fs::create_directories(env.options.dest_dir);
+  auto free = store::free_bytes(env.options.dest_dir);
+  REQUIRE(free);
+  // Room for a third of the file. (Other writers on this file system move free space too, so
+  // what was written before the stop is checked end to end on a tmpfs of its own instead:
+  // tests/integration/test_hostile_hub_e2e.py.)
+  env.options.disk_reserve = *free - (16u << 20);
+  env.options.parallel_files = 1;
+
+  auto r = env.fetch({git_file("big.bin", bytes)});
+  REQUIRE(!r);
+  CHECK(r.error().code == Errc::disk_full);
+  CHECK_THAT(r.error().message, Catch::Contains("big.bin") && Catch::Contains("disk_reserve") &&
+                                    Catch::Contains(std::to_string(env.options.disk_reserve)));
+  CHECK(r.error().files == std::vector<std::string>{"big.bin"});
+  CHECK(!fs::exists(env.final_path("big.bin")));
+}
+
+TEST_CASE("the disk guard counts writes granted and not yet released against the reserve") {
+  TempDir dir;
+  auto free = store::free_bytes(dir.path);
+  REQUIRE(free);
+  REQUIRE(*free > (2ull << 30));
+  fetch::DiskGuard guard(dir.path, *free - (1ull << 30));
+  REQUIRE(guard.acquire("a.bin", 600u << 20).has_value());
+  auto second = guard.acquire("b.bin", 600u << 20);
+  REQUIRE(!second);
+  CHECK(second.error().code == Errc::disk_full);
+  CHECK_THAT(second.error().message, Catch::Contains("b.bin") && Catch::Contains(dir.path.string()));
+  guard.release(600u << 20);
+  CHECK(guard.acquire("b.bin", 600u << 20).has_value());
+  CHECK(fetch::DiskGuard(dir.path, 0).acquire("c.bin", 1u << 20).has_value());
 }

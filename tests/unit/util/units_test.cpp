@@ -42,3 +42,16 @@ TEST_CASE("byte counts print with decimal units") {
   CHECK(format_bytes(1'234'000'000ull) == "1.2 GB");
   CHECK(format_bytes(99'960'000ull) == "100 MB");
 }
+
+TEST_CASE("sizes from a listing are added without wrapping") {
+  constexpr std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+  CHECK(checked_add(40, 4) == 44u);
+  CHECK(!checked_add(1ull << 63, 1ull << 63));
+  CHECK(!checked_add(max, 1));
+  CHECK(add_bytes(max, 1) == max);
+  CHECK(add_bytes(1ull << 63, 1ull << 63) == max);
+  struct F { std::uint64_t size; };
+  CHECK(total_size(std::vector<F>{{1ull << 63}, {1ull << 63}, {44}}) == max);
+  CHECK(total_size(std::vector<F>{{max}, {1}}) == max);
+  CHECK(total_size(std::vector<F>{{20}, {24}}) == 44u);
+}

@@ -1,0 +1,34 @@
+#include "fetch/disk_guard.hpp"
+
+#include "store/store.hpp"
+#include "util/units.hpp"
+
+#include <fmt/format.h>
+
+namespace modeld::fetch {
+
+DiskGuard::DiskGuard(std::filesystem::path dir, std::uint64_t reserve) : dir_(std::move(dir)), reserve_(reserve) {}
+
+Result<void> DiskGuard::acquire(std::string_view file, std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  auto free = store::free_bytes(dir_);
+  if (!free) return free.error();
+  const std::uint64_t busy = util::add_bytes(granted_, bytes);
+  const std::uint64_t left = *free > busy ? *free - busy : 0;
+  if (left < reserve_ || *free < busy)
+    return make_error(Errc::disk_full,
+                      fmt::format("{}: writing {} more bytes would leave {} bytes free on the file system of {} "
+                                  "({} free, {} being written), below daemon.disk_reserve ({} bytes): stopped "
+                                  "before the reserve was crossed",
+                                  file, bytes, left, dir_.string(), *free, granted_, reserve_),
+                      std::vector<std::string>{std::string(file)});
+  granted_ = busy;
+  return {};
+}
+
+void DiskGuard::release(std::uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  granted_ = granted_ > bytes ? granted_ - bytes : 0;
+}
+
+}  // namespace modeld::fetch
