@@ -1,5 +1,7 @@
 #include "deploy/watchdog.hpp"
 
+#include "unit/deploy/fake_units.hpp"
+
 #include "hub/hub.hpp"
 #include "http/client.hpp"
 #include "store/store.hpp"
@@ -22,45 +24,9 @@ using namespace modeld;
 using namespace std::chrono_literals;
 namespace asio = boost::asio;
 
+using modeld::test::FakeUnits;
+
 namespace {
-
-// A unit that is active until stopped or told otherwise; every call is recorded.
-class FakeUnits : public units::ServiceManager {
- public:
-  std::string active_state = "active";
-  std::string result = "success";
-  std::vector<std::string> calls;  // "start", "stop", "reset_failed"
-  std::function<void()> on_start;
-
-  asio::awaitable<Result<void>> start(const std::string&) override {
-    calls.push_back("start");
-    active_state = "active";
-    if (on_start) on_start();
-    co_return Result<void>{};
-  }
-  asio::awaitable<Result<void>> stop(const std::string&) override {
-    calls.push_back("stop");
-    active_state = "inactive";
-    co_return Result<void>{};
-  }
-  asio::awaitable<Result<units::UnitStatus>> status(const std::string&) override {
-    units::UnitStatus s;
-    s.active_state = active_state;
-    s.sub_state = active_state == "active" ? "running" : "dead";
-    s.result = result;
-    s.loaded = true;
-    co_return s;
-  }
-  asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string&) override {
-    co_return std::vector<std::uint32_t>{};
-  }
-  asio::awaitable<Result<void>> reset_failed(const std::string&) override {
-    calls.push_back("reset_failed");
-    co_return Result<void>{};
-  }
-  asio::awaitable<Result<void>> reload() override { co_return Result<void>{}; }
-  Result<void> write_dropin(const std::string&, const std::string&, const std::string&) override { return {}; }
-};
 
 std::shared_ptr<config::Config> one_model() {
   auto c = std::make_shared<config::Config>();
