@@ -3,6 +3,7 @@
 
 #include "modelctl/format.hpp"
 
+#include "util/text.hpp"
 #include "util/units.hpp"
 
 #include <fmt/format.h>
@@ -49,7 +50,7 @@ std::size_t width(const std::string& s) {
 
 std::string str(const json& j, const char* key, std::string fallback) {
   if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
-  return j[key].get<std::string>();
+  return modeld::util::escape_control(j[key].get_ref<const std::string&>());
 }
 
 std::string Style::state(const std::string& text) const {
@@ -68,7 +69,7 @@ std::string Style::bold(const std::string& text) const {
 
 std::string short_commit(const json& commit) {
   if (!commit.is_string()) return "-";
-  return commit.get<std::string>().substr(0, 12);
+  return modeld::util::escape_control(commit.get_ref<const std::string&>().substr(0, 12));
 }
 
 std::string progress_line(const json& p) {
@@ -307,7 +308,7 @@ std::string plan_text(const json& p, const Style& style) {
   out += fmt::format("  Local:      {}\n", local);
   if (const auto& from = p.value("adopt_from", json()); from.is_string())
     out += fmt::format("  Adopt:      {}, {} from {} (hashed at deployment; a file that differs is downloaded)\n",
-                       files(uint(p, "files_adoptable")), bytes(uint(p, "bytes_adoptable")), from.get<std::string>());
+                       files(uint(p, "files_adoptable")), bytes(uint(p, "bytes_adoptable")), str(p, "adopt_from"));
   out += fmt::format("  Partial:    {} already downloaded, resumed\n", bytes(uint(p, "bytes_partial")));
   out += fmt::format("  Needed:     {} of new disk space\n", bytes(uint(p, "bytes_needed")));
   out += fmt::format("  Free:       {}\n", bytes(uint(p, "bytes_free")));
@@ -333,14 +334,14 @@ std::string plan_text(const json& p, const Style& style) {
   }
   if (!p.value("fits", false) && p.value("fits_with_allow_downtime", false))
     out += fmt::format("  Hint:       fits with --allow-downtime, which evicts the active model {} (no rollback then)\n",
-                       p.value("active_model", json()).is_string() ? p["active_model"].get<std::string>() : "");
-  const auto& active = p.value("active_model", json());
-  if (!active.is_string())
+                       str(p, "active_model", ""));
+  const std::string active = str(p, "active_model", "");
+  if (active.empty())
     out += "  Rollback:   - (no model active)\n";
   else if (p.value("rollback_possible", true))
-    out += fmt::format("  Rollback:   possible ({} is kept)\n", active.get<std::string>());
+    out += fmt::format("  Rollback:   possible ({} is kept)\n", active);
   else
-    out += fmt::format("  Rollback:   not possible: the active model {} would be evicted\n", active.get<std::string>());
+    out += fmt::format("  Rollback:   not possible: the active model {} would be evicted\n", active);
   return out;
 }
 

@@ -20,11 +20,13 @@ struct Style {
   std::string bold(const std::string& text) const;
 };
 
-/// The string at `key` of the JSON object `j`, or `fallback` when `j` is not an object or the
-/// value is missing or not a string (the API's optional fields).
+/// The string at `key` of the JSON object `j` with control characters escaped
+/// (modeld::util::escape_control: a file name or a Hub's message cannot add a line or drive the
+/// terminal), or `fallback` when `j` is not an object or the value is missing or not a string
+/// (the API's optional fields). Every API string modelctl prints goes through here.
 std::string str(const nlohmann::json& j, const char* key, std::string fallback = "-");
 
-/// The first 12 characters of a commit, or "-" when null.
+/// The first 12 characters of a commit (control characters escaped), or "-" when null.
 std::string short_commit(const nlohmann::json& commit);
 
 /// A DEPLOYMENT's progress as "37% of 547 GB at 1.2 GB/s, 4 min left"; empty when there is

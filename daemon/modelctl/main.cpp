@@ -66,7 +66,7 @@ void print_error(const Context& c, const modelctl::Reply& r) {
   auto j = json::parse(r.body, nullptr, false);
   std::string message = fmt::format("modeld answered {}", r.status);
   if (j.is_object() && j.contains("error") && j["error"].is_object())
-    message = j["error"].value("message", message);
+    message = modelctl::str(j["error"], "message", message);
   fmt::print(stderr, "modelctl: {}\n", message);
 }
 
@@ -139,7 +139,7 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
       if (!j.is_object() || j.value("id", "") != id) return true;
       if (c.json) return !(e.kind == "state" && j.value("state", "running") != "running");
       if (e.kind == "phase") {
-        out.line(fmt::format("phase: {}", j.value("phase", "?")));
+        out.line(fmt::format("phase: {}", modelctl::str(j, "phase", "?")));
       } else if (e.kind == "progress") {
         out.progress(j.value("progress", json()));
       } else if (e.kind == "state") {
@@ -214,9 +214,9 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
     if (state == "succeeded")
       fmt::print("Deployment {} {}\n", id, c.style.state(state));
     else
-      fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), f->value("phase", "?"));
+      fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), modelctl::str(*f, "phase", "?"));
     if (const auto& e = f->value("error", json()); e.is_object())
-      fmt::print(stderr, "modelctl: {}: {}\n", e.value("code", "error"), e.value("message", ""));
+      fmt::print(stderr, "modelctl: {}: {}\n", modelctl::str(e, "code", "error"), modelctl::str(e, "message", ""));
   }
   return state == "succeeded" ? exit_ok : exit_failed;
 }
@@ -238,7 +238,7 @@ int cmd_cancel(Context& c) {
     if (c.json)
       print_raw(r->body);
     else
-      fmt::print("Cancelling deployment {} of {}\n", id, d.value("model", "?"));
+      fmt::print("Cancelling deployment {} of {}\n", id, modelctl::str(d, "model", "?"));
     return exit_ok;
   }
   print_error(c, *r);

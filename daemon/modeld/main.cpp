@@ -268,7 +268,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<control::MetricsListener> metrics_listener;
     if (!cfg->metrics.listen.empty()) {
       metrics_listener = std::make_unique<control::MetricsListener>(
-          io.get_executor(), [&metrics] { return metrics.text(); });
+          io.get_executor(), [&metrics] { return metrics.text(); },
+          control::MetricsLimits{cfg->metrics.max_connections, cfg->metrics.per_address_connections});
       if (auto r = metrics_listener->listen(cfg->metrics.listen); !r) {
         sys::logf(sys::Level::error, "{}; /metrics is served on the control socket only", r.error().message);
         metrics_listener.reset();

@@ -114,7 +114,7 @@ constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
                                                               "max_bytes_per_s", "ca_file", "read_timeout",
                                                               "max_file_size"};
-constexpr std::string_view kMetricsKeys[] = {"listen"};
+constexpr std::string_view kMetricsKeys[] = {"listen", "max_connections", "per_address_connections"};
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
 constexpr std::string_view kServeKeys[] = {
@@ -518,6 +518,13 @@ class Checker {
                             "(e.g. \"127.0.0.1:9464\", \"[::1]:9464\") or empty, got \"{}\"",
                             listen));
     }
+    read_int(t, "max_connections", "metrics.max_connections", out.max_connections, 1, 4096);
+    if (read_int(t, "per_address_connections", "metrics.per_address_connections", out.per_address_connections, 1,
+                 4096) &&
+        out.per_address_connections > out.max_connections)
+      problem(t.get("per_address_connections")->source(),
+              fmt::format("metrics.per_address_connections ({}) must not exceed metrics.max_connections ({})",
+                          out.per_address_connections, out.max_connections));
   }
 
   void check_serve(const toml::table& t, const std::string& prefix, const std::string& header, ServeConfig& out) {
@@ -762,6 +769,7 @@ std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& relo
       using V = std::decay_t<decltype(v)>;
       if constexpr (std::is_same_v<V, fs::path>) return "\"" + v.string() + "\"";
       else if constexpr (std::is_same_v<V, std::string>) return "\"" + v + "\"";
+      else if constexpr (std::is_integral_v<V>) return std::to_string(v);
       else return fmt::format("{} ms", v.count());
     };
     out.push_back(FixedChange{std::string(key), text(in_use), text(requested)});
@@ -778,6 +786,9 @@ std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& relo
   keep("hub.ca_file", reloaded.hub.ca_file, running.hub.ca_file);
   keep("hub.read_timeout", reloaded.hub.read_timeout, running.hub.read_timeout);
   keep("metrics.listen", reloaded.metrics.listen, running.metrics.listen);
+  keep("metrics.max_connections", reloaded.metrics.max_connections, running.metrics.max_connections);
+  keep("metrics.per_address_connections", reloaded.metrics.per_address_connections,
+       running.metrics.per_address_connections);
   return out;
 }
 

@@ -58,6 +58,10 @@ struct MetricsConfig {
   /// "HOST:PORT" to also serve /metrics over TCP; empty = socket only. HOST is an IPv4
   /// address, an IPv6 address in brackets ("[::1]:9464") or a host name; PORT 1..65535.
   std::string listen;
+  /// Connections the TCP listener holds at once, every client together, 1..4096.
+  unsigned max_connections = 16;
+  /// Connections the TCP listener holds at once from one peer IP address, 1..max_connections.
+  unsigned per_address_connections = 4;
 
   friend bool operator==(const MetricsConfig&, const MetricsConfig&) = default;
 };
@@ -174,7 +178,7 @@ struct FixedChange {
 
 /// For a configuration reload (SIGHUP): finds every setting of `reloaded` that only takes effect
 /// at the next start of modeld (daemon.*, except disk_reserve; control.group; hub.endpoint,
-/// token_file, ca_file, read_timeout; metrics.listen), sets it back to the value `running` has,
+/// token_file, ca_file, read_timeout; metrics.*), sets it back to the value `running` has,
 /// and returns what differed, in that order. Models, hub.parallel_files, hub.max_bytes_per_s
 /// and daemon.disk_reserve are left as reloaded.
 std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded);

@@ -23,7 +23,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <limits>
+#include <map>
+#include <optional>
 #include <unordered_map>
 
 namespace modeld::control {
@@ -126,34 +129,100 @@ std::string MetricsCollector::text() const { return metrics_text(engine_, counte
 
 namespace {
 
-constexpr std::size_t max_connections = 16;
 constexpr std::uint32_t header_limit = 8 * 1024;
 constexpr auto io_deadline = std::chrono::seconds(10);
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
+// The client's identity for the limits: its IP address, an IPv4-mapped IPv6 one as IPv4.
+asio::ip::address peer_address(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto a = socket.remote_endpoint(ec).address();
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+  return a;
+}
+
+// The answer to one request: the exposition for GET and HEAD /metrics, else 404 or 405.
+bhttp::response<bhttp::string_body> metrics_response(const bhttp::request<bhttp::string_body>& req,
+                                                     const std::function<std::string()>& text) {
+  std::string_view target = req.target();
+  const std::string_view path = target.substr(0, target.find('?'));
+  bhttp::response<bhttp::string_body> res{bhttp::status::ok, req.version()};
+  res.set(bhttp::field::content_type, "text/plain; charset=utf-8");
+  if (path != "/metrics") {
+    res.result(bhttp::status::not_found);
+    res.body() = "not found: this listener serves only GET /metrics\n";
+  } else if (req.method() != bhttp::verb::get && req.method() != bhttp::verb::head) {
+    res.result(bhttp::status::method_not_allowed);
+    res.set(bhttp::field::allow, "GET, HEAD");
+    res.body() = "method not allowed: GET /metrics only\n";
+  } else {
+    res.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    res.body() = text();
+  }
+  return res;
+}
+
+// Tells a refused client why in a 503 if its socket takes it at once (never waits), then closes;
+// what it has sent already is read first, so that the close does not reset the connection.
+void refuse_at_once(tcp::socket& socket, std::string_view why) {
+  const std::string body = fmt::format("too many connections: {}\n", why);
+  const std::string answer = fmt::format(
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+      "Content-Length: {}\r\n\r\n{}",
+      body.size(), body);
+  boost::system::error_code ec;
+  socket.non_blocking(true, ec);
+  std::array<char, 8192> sent{};
+  if (!ec) socket.read_some(asio::buffer(sent), ec);
+  ec.clear();
+  socket.write_some(asio::buffer(answer), ec);
+  socket.shutdown(tcp::socket::shutdown_both, ec);
+  socket.close(ec);
+}
+
 }  // namespace
 
 struct MetricsListener::Impl : std::enable_shared_from_this<Impl> {
-  Impl(asio::any_io_executor ex, std::function<std::string()> t)
-      : executor(std::move(ex)), text(std::move(t)), acceptor(executor) {}
+  Impl(asio::any_io_executor ex, std::function<std::string()> t, MetricsLimits l)
+      : executor(std::move(ex)), text(std::move(t)), limits(l), acceptor(executor) {}
+
+  // One open connection, as the limits see it.
+  struct Conn {
+    std::weak_ptr<beast::tcp_stream> stream;
+    asio::ip::address peer;
+    std::optional<Clock::time_point> waiting_since;  // set while it waits for (the rest of) a request
+  };
 
   asio::any_io_executor executor;
   std::function<std::string()> text;
+  MetricsLimits limits;
   tcp::acceptor acceptor;
   std::string address;  // as configured, for messages
   bool stopped = false;
   std::uint64_t next_id = 0;
-  std::unordered_map<std::uint64_t, std::weak_ptr<beast::tcp_stream>> conns;
+  std::unordered_map<std::uint64_t, Conn> conns;
+  detail::RefusalNotes refusals;
 
   asio::awaitable<void> accept_loop();
-  void accepted(tcp::socket socket);  // for detail::accept_each: starts a session within the limit
+  void accepted(tcp::socket socket);  // for detail::accept_each: makes room or refuses, starts a session
+  // Makes room for one more connection from `peer` when a limit is reached, by closing a waiting
+  // connection; returns why `peer` must be refused when none can be closed.
+  std::optional<std::string> make_room(const asio::ip::address& peer);
+  // The waiting connection to close for room: the longest waiting of `peer` when given, else of
+  // the address holding the most connections; conns.end() when none waits.
+  decltype(conns)::iterator victim(const asio::ip::address* peer);
+  void note(const std::string& what);  // a warning line, at most one per 10 s
+  void set_waiting(std::uint64_t id, bool waiting);
   asio::awaitable<void> session(std::shared_ptr<beast::tcp_stream> stream, std::uint64_t id);
 };
 
-MetricsListener::MetricsListener(asio::any_io_executor executor, std::function<std::string()> text)
-    : impl_(std::make_shared<Impl>(std::move(executor), std::move(text))) {}
+MetricsListener::MetricsListener(asio::any_io_executor executor, std::function<std::string()> text,
+                                 MetricsLimits limits)
+    : impl_(std::make_shared<Impl>(std::move(executor), std::move(text), limits)) {}
 
 MetricsListener::~MetricsListener() { stop(); }
+
+std::size_t MetricsListener::connections() const { return impl_->conns.size(); }
 
 Result<void> MetricsListener::listen(const std::string& host_port) {
   auto& impl = *impl_;
@@ -204,8 +273,8 @@ void MetricsListener::stop() {
   boost::system::error_code ec;
   impl.acceptor.close(ec);
   std::vector<std::shared_ptr<beast::tcp_stream>> open;
-  for (auto& [id, weak] : impl.conns)
-    if (auto s = weak.lock()) open.push_back(std::move(s));
+  for (auto& [id, conn] : impl.conns)
+    if (auto s = conn.stream.lock()) open.push_back(std::move(s));
   for (auto& s : open) s->close();
 }
 
@@ -215,15 +284,70 @@ asio::awaitable<void> MetricsListener::Impl::accept_loop() {
 }
 
 void MetricsListener::Impl::accepted(tcp::socket socket) {
-  if (conns.size() >= max_connections) {
-    boost::system::error_code ignored;
-    socket.close(ignored);
+  const auto peer = peer_address(socket);
+  if (auto why = make_room(peer)) {
+    note(fmt::format("refused a connection from {}: {}", peer.to_string(), *why));
+    refuse_at_once(socket, *why);
     return;
   }
+  // Counted from here, so that a burst of accepts cannot pass the limits.
   auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
   const auto id = next_id++;
-  conns.emplace(id, stream);
+  conns.emplace(id, Conn{stream, peer, Clock::now()});
   detail::spawn_logged(executor, session(std::move(stream), id), "metrics connection");
+}
+
+std::optional<std::string> MetricsListener::Impl::make_room(const asio::ip::address& peer) {
+  std::size_t mine = 0;
+  for (const auto& [id, c] : conns) mine += c.peer == peer ? 1 : 0;
+  const bool address_full = mine >= limits.per_address_connections;
+  if (!address_full && conns.size() < limits.max_connections) return std::nullopt;
+  const std::string why =
+      address_full ? fmt::format("{} has {} connections open, the most one address may hold "
+                                 "(metrics.per_address_connections)", peer.to_string(), mine)
+                   : fmt::format("{} connections are open, the most the listener serves at once "
+                                 "(metrics.max_connections)", conns.size());
+  const auto it = victim(address_full ? &peer : nullptr);
+  if (it == conns.end()) return why;
+  const double waited = std::chrono::duration<double>(Clock::now() - *it->second.waiting_since).count();
+  note(fmt::format("closed a connection from {} that had waited {:.1f} s for a request, to let one from {} in: {}",
+                   it->second.peer.to_string(), waited, peer.to_string(), why));
+  auto stream = it->second.stream.lock();
+  conns.erase(it);  // counted out now; its session ends when the close wakes it
+  if (stream) stream->close();
+  return std::nullopt;
+}
+
+auto MetricsListener::Impl::victim(const asio::ip::address* peer) -> decltype(conns)::iterator {
+  std::map<asio::ip::address, std::size_t> held;
+  for (const auto& [id, c] : conns) ++held[c.peer];
+  auto best = conns.end();
+  for (auto it = conns.begin(); it != conns.end(); ++it) {
+    const auto& c = it->second;
+    if (!c.waiting_since || (peer && c.peer != *peer)) continue;
+    if (best == conns.end()) {
+      best = it;
+      continue;
+    }
+    const auto& b = best->second;
+    const auto mine = held[c.peer], theirs = held[b.peer];
+    if (mine > theirs || (mine == theirs && *c.waiting_since < *b.waiting_since)) best = it;
+  }
+  return best;
+}
+
+void MetricsListener::Impl::note(const std::string& what) {
+  if (auto n = refusals.count())
+    sys::logf(sys::Level::warning, "metrics on {}: {} ({} connection(s) closed or refused in the last 10 s)",
+              address, what, *n);
+}
+
+void MetricsListener::Impl::set_waiting(std::uint64_t id, bool waiting) {
+  auto it = conns.find(id);
+  if (it == conns.end()) return;
+  auto& since = it->second.waiting_since;
+  if (!waiting) since.reset();
+  else if (!since) since = Clock::now();  // since the accept, for its first request
 }
 
 asio::awaitable<void> MetricsListener::Impl::session(std::shared_ptr<beast::tcp_stream> stream, std::uint64_t id) {
@@ -242,30 +366,17 @@ asio::awaitable<void> MetricsListener::Impl::session(std::shared_ptr<beast::tcp_
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(header_limit);
     parser.body_limit(4096);
+    set_waiting(id, true);
     stream->expires_after(io_deadline);
     auto [ec, n] = co_await bhttp::async_read(*stream, buffer, parser, use_tuple);
     if (ec) co_return;  // closed, timed out or malformed: a scraper does none of these on purpose
+    set_waiting(id, false);
     const auto& req = parser.get();
-    std::string_view target = req.target();
-    const std::string_view path = target.substr(0, target.find('?'));
-    bhttp::response<bhttp::string_body> res{bhttp::status::ok, req.version()};
-    res.set(bhttp::field::content_type, "text/plain; charset=utf-8");
-    if (path != "/metrics") {
-      res.result(bhttp::status::not_found);
-      res.body() = "not found: this listener serves only GET /metrics\n";
-    } else if (req.method() != bhttp::verb::get && req.method() != bhttp::verb::head) {
-      res.result(bhttp::status::method_not_allowed);
-      res.set(bhttp::field::allow, "GET, HEAD");
-      res.body() = "method not allowed: GET /metrics only\n";
-    } else {
-      res.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
-      res.body() = text();
-    }
+    auto res = metrics_response(req, text);
     res.keep_alive(req.keep_alive() && !stopped);
     res.prepare_payload();
-    const bool head = req.method() == bhttp::verb::head;
     stream->expires_after(io_deadline);
-    if (head) {
+    if (req.method() == bhttp::verb::head) {
       bhttp::response_serializer<bhttp::string_body> sr{res};
       auto [wec, wn] = co_await bhttp::async_write_header(*stream, sr, use_tuple);
       if (wec) co_return;

@@ -79,13 +79,27 @@ class MetricsCollector {
   std::map<std::string, Tracked> running_;  ///< by deployment id
 };
 
+/// How many connections the TCP /metrics listener holds ([metrics] max_connections,
+/// per_address_connections).
+struct MetricsLimits {
+  std::size_t max_connections = 16;         ///< connections at once, every client together
+  std::size_t per_address_connections = 4;  ///< connections at once from one peer IP address
+};
+
 /// Serves GET (and HEAD) /metrics over TCP for [metrics] listen: read-only, no other route (404),
-/// other methods 405; keep-alive, header limit 8 KiB, 10 s deadlines, 16 connections at once.
-/// Access control is only the address it is bound to.
+/// other methods 405; keep-alive, header limit 8 KiB, 10 s deadlines. Access control is only the
+/// address it is bound to. A new connection beyond a limit of MetricsLimits takes the place of
+/// the connection that has waited longest for a request (idle or sending one slowly) of its own
+/// address (per-address limit) or of the address holding the most (overall limit), so clients
+/// that hold connections without asking cannot keep a scraper out; only when every connection
+/// concerned is being answered is it refused (a best-effort 503, then closed). Closed and refused
+/// connections are told in a warning line at most every 10 s, naming the peer address.
 class MetricsListener {
  public:
-  /// `text` makes the body of each answer; called on `executor`'s thread.
-  MetricsListener(boost::asio::any_io_executor executor, std::function<std::string()> text);
+  /// `text` makes the body of each answer; called on `executor`'s thread. `limits` must be at
+  /// least 1 each.
+  MetricsListener(boost::asio::any_io_executor executor, std::function<std::string()> text,
+                  MetricsLimits limits = {});
   ~MetricsListener();
   MetricsListener(const MetricsListener&) = delete;
   MetricsListener& operator=(const MetricsListener&) = delete;
@@ -103,6 +117,9 @@ class MetricsListener {
 
   /// Closes the listener and every connection; idempotent.
   void stop();
+
+  /// Connections open now (for tests).
+  std::size_t connections() const;
 
  private:
   struct Impl;

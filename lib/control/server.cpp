@@ -138,8 +138,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   bool stopped = false;
   std::uint64_t next_id = 0;
   std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> conns;
-  std::size_t refused_since_note = 0;
-  std::chrono::steady_clock::time_point last_refusal_note{};
+  detail::RefusalNotes refusals;
 
   asio::awaitable<void> accept_loop();
   void accepted(local::socket socket);  // for detail::accept_each: checks the peer and starts a session
@@ -290,14 +289,9 @@ std::optional<std::string> Server::Impl::over_limit(const Peer& peer) const {
 }
 
 void Server::Impl::note_refusal(const Peer& peer, const std::string& why) {
-  // One journal line per 10 s at most: a client in a reconnect loop must not flood the journal.
-  ++refused_since_note;
-  const auto now = std::chrono::steady_clock::now();
-  if (now - last_refusal_note < std::chrono::seconds(10)) return;
-  sys::logf(sys::Level::warning, "control: refused a connection of uid {} (pid {}): {} ({} refused in the last 10 s)",
-            peer.uid, peer.pid, why, refused_since_note);
-  refused_since_note = 0;
-  last_refusal_note = now;
+  if (auto refused = refusals.count())
+    sys::logf(sys::Level::warning, "control: refused a connection of uid {} (pid {}): {} ({} refused in the last 10 s)",
+              peer.uid, peer.pid, why, *refused);
 }
 
 asio::awaitable<void> Server::Impl::refuse(std::shared_ptr<Conn> conn, std::string why) {

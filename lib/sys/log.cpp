@@ -1,5 +1,7 @@
 #include "sys/log.hpp"
 
+#include "util/text.hpp"
+
 #include <spdlog/logger.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
@@ -182,7 +184,7 @@ std::shared_ptr<spdlog::logger> current_logger() {
 std::vector<std::string> journal_fields(Level level, const Fields& fields, std::string_view message) {
   std::vector<std::string> out;
   out.reserve(8 + fields.extra.size());
-  out.push_back("MESSAGE=" + std::string(message));
+  out.push_back("MESSAGE=" + util::escape_control(message));
   out.push_back("PRIORITY=" + std::to_string(syslog_priority(level)));
   out.push_back("SYSLOG_IDENTIFIER=" + std::string(kIdentifier));
   static constexpr std::array<std::string_view, 8> reserved{
@@ -229,7 +231,7 @@ std::string stderr_line(Level level, const Fields& fields, std::string_view mess
     out.push_back(']');
   }
   out.push_back(' ');
-  out.append(message);
+  out.append(util::escape_control(message));
   out.push_back('\n');
   return out;
 }

@@ -40,17 +40,22 @@ void init_logging(Sink sink, bool verbose);
 /// Before init_logging() it sets up Sink::automatic without debug lines.
 void log(Level level, const Fields& fields, std::string_view message);
 
-/// The journal entry log() sends for one line, as "NAME=value" strings in order: MESSAGE,
+/// The journal entry log() sends for one line, as "NAME=value" strings in order: MESSAGE (with
+/// control characters escaped by util::escape_control, so that a file name or a server's text
+/// quoted in it cannot add a line to `journalctl -o cat` or drive a terminal; one entry is one
+/// line),
 /// PRIORITY (the syslog number of `level`), SYSLOG_IDENTIFIER=modeld, then the non-empty
 /// MODELD_DEPLOYMENT, MODELD_MODEL, MODELD_PHASE, MODELD_STATE, MESSAGE_ID and extra fields.
-/// Extra names are made valid journal field names (upper-case [A-Z0-9_], starting with a letter,
+/// Extra values are sent as they are (a MODELD_FILE names the file byte for byte; journalctl shows
+/// values that are not printable as blob data). Extra names are made valid journal field names (upper-case [A-Z0-9_], starting with a letter,
 /// at most 64 characters); extras with an empty name or value, or that would repeat one of the
 /// fields above, are left out. Pure; never throws except std::bad_alloc.
 std::vector<std::string> journal_fields(Level level, const Fields& fields, std::string_view message);
 
 /// The line the stderr sink prints for one log line, with its newline: "LEVEL [model phase]
 /// message" (the bracket holds whichever of model and phase are set and is left out when neither
-/// is); `color` wraps the level in ANSI colours. Pure.
+/// is; control characters in `message` escaped as in journal_fields()); `color` wraps the level
+/// in ANSI colours. Pure.
 std::string stderr_line(Level level, const Fields& fields, std::string_view message, bool color);
 
 /// Formats and writes one line with `fields`.

@@ -1,5 +1,7 @@
 #include "sys/notify.hpp"
 
+#include "util/text.hpp"
+
 #include <systemd/sd-daemon.h>
 
 #include <cstdint>
@@ -15,12 +17,8 @@ namespace {
 void send(const std::string& state) { (void)sd_notify(0, state.c_str()); }
 
 // The protocol is newline-separated assignments: a newline in the text would end STATUS= early
-// and turn the rest into another assignment.
-std::string status_assignment(std::string_view status) {
-  std::string line = "STATUS=";
-  for (char c : status) line.push_back(c == '\n' || c == '\r' ? ' ' : c);
-  return line;
-}
+// and turn the rest into another assignment; `systemctl status` prints the text to a terminal.
+std::string status_assignment(std::string_view status) { return "STATUS=" + util::escape_control(status); }
 
 }  // namespace
 

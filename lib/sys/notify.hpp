@@ -10,7 +10,8 @@ namespace modeld::sys {
 /// Tells the service manager that start-up is complete (READY=1); no-op without $NOTIFY_SOCKET.
 void notify_ready();
 
-/// Sets the one-line status `systemctl status` shows (STATUS=...).
+/// Sets the one-line status `systemctl status` shows (STATUS=...), control characters escaped
+/// (util::escape_control); no-op without $NOTIFY_SOCKET.
 void notify_status(std::string_view status);
 
 /// Tells the service manager that the daemon is stopping (STOPPING=1).
@@ -23,7 +24,8 @@ void notify_reloading();
 /// Type=notify-reload wants) in one message, so `systemctl status` says why it reloads.
 void notify_reloading(std::string_view status);
 
-/// READY=1 with STATUS=`status` in one message: start-up or a reload is complete.
+/// READY=1 with STATUS=`status` (escaped as by notify_status()) in one message: start-up or a
+/// reload is complete.
 void notify_ready(std::string_view status);
 
 /// Pets the watchdog (WATCHDOG=1).

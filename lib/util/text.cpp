@@ -112,4 +112,48 @@ bool safe_relative_path(std::string_view path) {
   }
 }
 
+namespace {
+
+// The escape of one control character, JSON's short form where it has one.
+void append_escape(std::string& out, unsigned code) {
+  switch (code) {
+    case '\n': out += "\\n"; return;
+    case '\r': out += "\\r"; return;
+    case '\t': out += "\\t"; return;
+    case '\b': out += "\\b"; return;
+    case '\f': out += "\\f"; return;
+    default: out += fmt::format("\\u{:04x}", code);
+  }
+}
+
+bool is_c0_or_del(unsigned char c) { return c < 0x20 || c == 0x7f; }
+
+// Whether `text` holds a C1 control encoded as UTF-8 (C2 80..C2 9F) at `i`.
+bool is_c1_at(std::string_view text, std::size_t i) {
+  return static_cast<unsigned char>(text[i]) == 0xc2 && i + 1 < text.size() &&
+         static_cast<unsigned char>(text[i + 1]) >= 0x80 && static_cast<unsigned char>(text[i + 1]) <= 0x9f;
+}
+
+}  // namespace
+
+std::string escape_control(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size() && !is_c0_or_del(static_cast<unsigned char>(text[i])) && !is_c1_at(text, i)) ++i;
+  if (i == text.size()) return std::string(text);
+  std::string out(text.substr(0, i));
+  out.reserve(text.size() + 16);
+  for (; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (is_c0_or_del(c)) {
+      append_escape(out, c);
+    } else if (is_c1_at(text, i)) {
+      append_escape(out, static_cast<unsigned char>(text[i + 1]));
+      ++i;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
 }  // namespace modeld::util

@@ -1,5 +1,5 @@
 #pragma once
-// Small text helpers: hex, globs, time stamps, URL path encoding.
+// Small text helpers: hex, globs, time stamps, URL path encoding, escaping control characters.
 
 #include <chrono>
 #include <cstdint>
@@ -45,6 +45,15 @@ std::string url_encode_path(std::string_view path);
 
 /// Whether `name` is a valid model name: [a-z0-9][a-z0-9._-]{0,63} (interface.md).
 bool valid_model_name(std::string_view name);
+
+/// `text` with its control characters escaped as JSON writes them: "\n", "\r", "\t", "\b", "\f",
+/// the other C0 characters and DEL as "\u001b" style escapes, and the C1 controls U+0080..U+009F
+/// (UTF-8 C2 80..C2 9F) as "\u0085" style escapes; every other byte, UTF-8 or not, is kept, and
+/// backslashes are not doubled. For text a Hub, a server or a file name put into a line meant
+/// for people (journal MESSAGE, STATUS=, modelctl's terminal output): it stays one line and
+/// cannot move a terminal's cursor or change its state. Returns `text` unchanged when it holds
+/// no control character.
+std::string escape_control(std::string_view text);
 
 /// Whether a repository-relative path is safe to place under a folder: relative, no "..", no
 /// empty or "." segments, no NUL or backslash.

@@ -591,6 +591,45 @@ TEST_CASE("metrics.listen takes IPv4, bracketed IPv6 and host names with a port 
   }
 }
 
+TEST_CASE("the TCP metrics listener's connection limits are read, bounded and consistent") {
+  {
+    TempDir dir;
+    fs::path main = dir.write("modeld.toml", "[metrics]\nlisten = \"127.0.0.1:9464\"\n");
+    LoadResult r = load(main, Environment{});
+    REQUIRE(r.config);
+    CHECK(r.config->metrics.max_connections == 16);
+    CHECK(r.config->metrics.per_address_connections == 4);
+  }
+  {
+    TempDir dir;
+    fs::path main = dir.write("modeld.toml", "[metrics]\nmax_connections = 64\nper_address_connections = 64\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->metrics.max_connections == 64);
+    CHECK(r.config->metrics.per_address_connections == 64);
+  }
+  struct Bad {
+    const char* toml;
+    const char* problem;
+    int line, column;
+  };
+  for (const Bad& bad : {Bad{"max_connections = 0\n", "metrics.max_connections must be between 1 and 4096, got 0", 2, 19},
+                         Bad{"max_connections = \"16\"\n", "metrics.max_connections", 2, 19},
+                         Bad{"per_address_connections = 5000\n", "metrics.per_address_connections must be between 1 and 4096", 2, 27},
+                         Bad{"max_connections = 8\nper_address_connections = 9\n",
+                             "metrics.per_address_connections (9) must not exceed metrics.max_connections (8)", 3, 27}}) {
+    TempDir dir;
+    fs::path main = dir.write("modeld.toml", std::string("[metrics]\n") + bad.toml);
+    LoadResult r = load(main, Environment{});
+    INFO(bad.toml << "\n" << dump(r));
+    REQUIRE(r.problems.size() == 1);
+    CHECK(find_problem(r, bad.problem));
+    CHECK(r.problems[0].line == bad.line);
+    CHECK(r.problems[0].column == bad.column);
+  }
+}
+
 TEST_CASE("a reload keeps the settings that need a restart and takes over the rest") {
   Config running;
   running.daemon.models_dir = "/srv/models";
@@ -607,10 +646,11 @@ TEST_CASE("a reload keeps the settings that need a restart and takes over the re
   reloaded.hub.read_timeout = 5s;
   reloaded.hub.parallel_files = 16;
   reloaded.metrics.listen = "";
+  reloaded.metrics.per_address_connections = 2;
   reloaded.models["b"].repo = "org/b";
 
   auto fixed = keep_fixed_settings(running, reloaded);
-  REQUIRE(fixed.size() == 5);
+  REQUIRE(fixed.size() == 6);
   CHECK(fixed[0].key == "daemon.models_dir");
   CHECK(fixed[0].running == "\"/srv/models\"");
   CHECK(fixed[0].requested == "\"/data/models\"");
@@ -620,12 +660,16 @@ TEST_CASE("a reload keeps the settings that need a restart and takes over the re
   CHECK(fixed[3].running == "30000 ms");
   CHECK(fixed[3].requested == "5000 ms");
   CHECK(fixed[4].key == "metrics.listen");
+  CHECK(fixed[5].key == "metrics.per_address_connections");
+  CHECK(fixed[5].running == "4");
+  CHECK(fixed[5].requested == "2");
   // Set back to what runs ...
   CHECK(reloaded.daemon.models_dir == "/srv/models");
   CHECK(reloaded.control.group == "modeld");
   CHECK(reloaded.hub.endpoint == "https://hub.example");
   CHECK(reloaded.hub.read_timeout == 30s);
   CHECK(reloaded.metrics.listen == "127.0.0.1:9464");
+  CHECK(reloaded.metrics.per_address_connections == 4);
   // ... and the rest as reloaded.
   CHECK(reloaded.daemon.disk_reserve == 1);
   CHECK(reloaded.hub.parallel_files == 16);

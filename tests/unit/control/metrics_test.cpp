@@ -2,6 +2,7 @@
 // of [metrics] listen through a real loopback socket (blocking client with deadlines).
 
 #include "control/metrics.hpp"
+#include "control/accept.hpp"
 #include "control/routes.hpp"
 #include "unit/control/fake_engine.hpp"
 
@@ -18,6 +19,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <vector>
 #include <regex>
 #include <set>
 #include <thread>
@@ -219,16 +222,27 @@ namespace {
 
 constexpr auto deadline = std::chrono::seconds(10);
 
-// One HTTP exchange over loopback TCP: sends `request`, reads until the server closes.
-std::string exchange(std::uint16_t port, const std::string& request) {
+// A TCP connection to 127.0.0.1:`port` from the loopback address `source` that has sent `sent`.
+int connect_from(std::uint16_t port, const char* source, const std::string& sent) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  REQUIRE(::inet_pton(AF_INET, source, &from.sin_addr) == 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
+  REQUIRE(::send(fd, sent.data(), sent.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(sent.size()));
+  return fd;
+}
+
+// One HTTP exchange over loopback TCP from `source`: sends `request`, reads until the server
+// closes (or resets: what arrived before counts).
+std::string exchange(std::uint16_t port, const std::string& request, const char* source = "127.0.0.1") {
+  int fd = connect_from(port, source, request);
   std::string in;
   auto until = std::chrono::steady_clock::now() + deadline;
   for (;;) {
@@ -251,13 +265,20 @@ struct ListenerFixture {
   std::unique_ptr<MetricsListener> listener;
   std::thread thread;
 
-  explicit ListenerFixture(const std::string& address) {
-    listener = std::make_unique<MetricsListener>(io.get_executor(), [] { return std::string("modeld_up 1\n"); });
+  explicit ListenerFixture(const std::string& address, MetricsLimits limits = {},
+                           std::string body = "modeld_up 1\n") {
+    listener = std::make_unique<MetricsListener>(io.get_executor(), [body] { return body; }, limits);
     auto r = listener->listen(address);
     INFO((r ? std::string() : r.error().message));
     REQUIRE(r.has_value());
     listener->start();
     thread = std::thread([this] { io.run(); });
+  }
+  // The listener's connection count, read on its thread.
+  std::size_t connections() {
+    std::promise<std::size_t> n;
+    asio::post(io, [&] { n.set_value(listener->connections()); });
+    return n.get_future().get();
   }
   ~ListenerFixture() {
     asio::post(io, [this] { listener->stop(); });
@@ -318,4 +339,108 @@ TEST_CASE("the TCP listener binds bracketed IPv6 and host names") {
   auto r6 = v6.listen("[::1]:0");
   // Hosts without IPv6 on loopback cannot bind it; then the message names the address.
   if (!r6) CHECK_THAT(r6.error().message, Catch::Contains("metrics.listen \"[::1]:0\""));
+}
+
+namespace {
+
+constexpr const char* stalled_request = "GET /metrics HTTP/1.1\r\n";  // a request line, then nothing
+
+// Whether the server closed `fd` (EOF or reset) within `deadline`, reading and dropping what came.
+bool closed_by_server(int fd) {
+  auto until = std::chrono::steady_clock::now() + deadline;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    char buf[4096];
+    if (::recv(fd, buf, sizeof buf, 0) <= 0) return true;
+  }
+}
+
+// Whether `fd` is still open on the server's side now: nothing to read, no hang-up.
+bool still_open(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+struct Fds {
+  std::vector<int> fds;
+  ~Fds() {
+    for (int fd : fds) ::close(fd);
+  }
+};
+
+constexpr const char* scrape = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+}  // namespace
+
+TEST_CASE("connections that send a request line and stop cannot keep a scrape from their own address out") {
+  // The attack of issue 12: 16 connections that each send a request line and stop held every
+  // slot; the scrape was closed unanswered.
+  ListenerFixture f("127.0.0.1:0");
+  Fds stalled;
+  for (int i = 0; i < 16; ++i) stalled.fds.push_back(connect_from(f.listener->port(), "127.0.0.1", stalled_request));
+  auto ok = exchange(f.listener->port(), scrape);
+  CHECK(ok.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK_THAT(ok, Catch::EndsWith("modeld_up 1\n"));
+  // Four per address: the 12 that waited longest were closed to make room, the newest kept.
+  for (std::size_t i = 0; i < 12; ++i) CHECK(closed_by_server(stalled.fds[i]));
+  CHECK(f.connections() <= 4);
+}
+
+TEST_CASE("one address holds at most per_address_connections and makes room from its own, not from others") {
+  ListenerFixture f("127.0.0.1:0", MetricsLimits{16, 4});
+  Fds bystanders, stalled;
+  for (int i = 0; i < 2; ++i) bystanders.fds.push_back(connect_from(f.listener->port(), "127.0.0.3", stalled_request));
+  for (int i = 0; i < 10; ++i) stalled.fds.push_back(connect_from(f.listener->port(), "127.0.0.2", stalled_request));
+  auto ok = exchange(f.listener->port(), scrape, "127.0.0.4");
+  CHECK(ok.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  for (std::size_t i = 0; i < 6; ++i) CHECK(closed_by_server(stalled.fds[i]));
+  // The scrape was accepted after them all, so every decision about them has been taken.
+  for (std::size_t i = 6; i < 10; ++i) CHECK(still_open(stalled.fds[i]));
+  for (int fd : bystanders.fds) CHECK(still_open(fd));
+  CHECK(f.connections() == 6);
+}
+
+TEST_CASE("at max_connections the address holding the most gives up the connection that waited longest") {
+  ListenerFixture f("127.0.0.1:0", MetricsLimits{4, 3});
+  Fds heavy, light;
+  for (int i = 0; i < 3; ++i) heavy.fds.push_back(connect_from(f.listener->port(), "127.0.0.2", stalled_request));
+  light.fds.push_back(connect_from(f.listener->port(), "127.0.0.3", stalled_request));
+  auto ok = exchange(f.listener->port(), scrape, "127.0.0.4");
+  CHECK(ok.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(closed_by_server(heavy.fds[0]));
+  CHECK(still_open(heavy.fds[1]));
+  CHECK(still_open(heavy.fds[2]));
+  CHECK(still_open(light.fds[0]));
+}
+
+TEST_CASE("a connection is refused 503 only when every one that could make room is being answered") {
+  // An answer larger than the socket buffers keeps its connection busy while its client does
+  // not read: it is not waiting for a request, so it is not closed for room.
+  ListenerFixture f("127.0.0.1:0", MetricsLimits{16, 1}, std::string(64u << 20, '#'));
+  Fds busy;
+  busy.fds.push_back(connect_from(f.listener->port(), "127.0.0.2", scrape));
+  // Its answer has begun once some of it arrives.
+  pollfd p{busy.fds[0], POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 10000) == 1);
+  auto refused = exchange(f.listener->port(), "", "127.0.0.2");
+  CHECK(refused.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0) == 0);
+  CHECK_THAT(refused, Catch::Contains("127.0.0.2 has 1 connections open"));
+  CHECK_THAT(refused, Catch::Contains("metrics.per_address_connections"));
+  // Another address is served.
+  CHECK(exchange(f.listener->port(), "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "127.0.0.3")
+            .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+}
+
+TEST_CASE("refused connections are told at most once per 10 s, with the count since the last line") {
+  detail::RefusalNotes notes;
+  const auto t0 = detail::RefusalNotes::Clock::time_point() + std::chrono::hours(1);
+  CHECK(notes.count(t0) == std::optional<std::size_t>(1));
+  CHECK_FALSE(notes.count(t0 + std::chrono::seconds(1)));
+  CHECK_FALSE(notes.count(t0 + std::chrono::milliseconds(9999)));
+  CHECK(notes.count(t0 + std::chrono::seconds(10)) == std::optional<std::size_t>(3));
+  CHECK_FALSE(notes.count(t0 + std::chrono::seconds(11)));
+  CHECK(notes.count(t0 + std::chrono::seconds(60)) == std::optional<std::size_t>(2));
 }

@@ -119,9 +119,22 @@ TEST_CASE("extra field names are made valid journal field names") {
   }
 }
 
-TEST_CASE("a multi-line message stays one journal field") {
-  auto j = journal_fields(Level::error, {}, "first\nsecond");
-  CHECK(j[0] == "MESSAGE=first\nsecond");
+TEST_CASE("a message is one journal line: a Hub's newline or ESC in it is escaped, extra fields keep the bytes") {
+  // A file name from a Hub listing that would forge a line in `journalctl -o cat` and recolour
+  // the terminal.
+  const std::string file = "notes\n\x1b[32mmodeld: deployment succeeded\x1b[0m.json";
+  Fields f;
+  f.extra = {{"MODELD_FILE", file}};
+  auto j = journal_fields(Level::error, f, "checksum mismatch in " + file + "\r\x7f");
+  CHECK(j[0] == "MESSAGE=checksum mismatch in notes\\n\\u001b[32mmodeld: deployment succeeded\\u001b[0m.json\\r\\u007f");
+  CHECK(j.back() == "MODELD_FILE=" + file);
+  auto multi = journal_fields(Level::error, {}, "first\nsecond");
+  CHECK(multi[0] == "MESSAGE=first\\nsecond");
+}
+
+TEST_CASE("stderr lines escape control characters of the message too") {
+  CHECK(stderr_line(Level::info, {}, "a\nINFO b\x1b[2J", false) == "INFO a\\nINFO b\\u001b[2J\n");
+  CHECK(stderr_line(Level::error, {}, "boom", true).find("boom\n") != std::string::npos);
 }
 
 TEST_CASE("stderr lines show the level, then model and phase in brackets when set") {

@@ -105,11 +105,15 @@ TEST_CASE("readiness, status and the other states reach $NOTIFY_SOCKET") {
   CHECK(sock.receive(5s) == "WATCHDOG=1");
 }
 
-TEST_CASE("a status with newlines is sent as one line") {
+TEST_CASE("a status with newlines or terminal escapes is sent as one line, escaped") {
   FakeNotifySocket sock;
   ScopedEnv env("NOTIFY_SOCKET", sock.path().c_str());
   notify_status("first\nREADY=1");
-  CHECK(sock.receive(5s) == "STATUS=first READY=1");
+  CHECK(sock.receive(5s) == "STATUS=first\\nREADY=1");
+  notify_status("serving \x1b]0;owned\x07kimi\r");
+  CHECK(sock.receive(5s) == "STATUS=serving \\u001b]0;owned\\u0007kimi\\r");
+  notify_ready("ready\nSTOPPING=1");
+  CHECK(sock.receive(5s) == "READY=1\nSTATUS=ready\\nSTOPPING=1");
 }
 
 TEST_CASE("the watchdog interval is half of WatchdogSec, and absent when the watchdog is off") {

@@ -49,3 +49,17 @@ TEST_CASE("RFC 3339 time stamps round-trip") {
   CHECK(rfc3339(t) == "2027-01-15T08:00:00Z");
   CHECK(parse_rfc3339(rfc3339(t)) == t);
 }
+
+TEST_CASE("control characters are escaped as JSON writes them, everything else is kept") {
+  CHECK(escape_control("config.json") == "config.json");
+  CHECK(escape_control("") == "");
+  CHECK(escape_control("a\nb\rc\td\be\ff") == "a\\nb\\rc\\td\\be\\ff");
+  CHECK(escape_control("notes\n\x1b[31mFORGED\x1b[0m.json") == "notes\\n\\u001b[31mFORGED\\u001b[0m.json");
+  CHECK(escape_control(std::string_view("nul\0del\x7f", 8)) == "nul\\u0000del\\u007f");
+  // C1 controls as UTF-8 (U+009B is CSI on terminals that take 8-bit controls), not other UTF-8.
+  CHECK(escape_control("csi\xc2\x9b" "2J next\xc2\x85line") == "csi\\u009b2J next\\u0085line");
+  CHECK(escape_control("caf\xc3\xa9 \xc2\xa0nbsp \xe2\x80\xa6") == "caf\xc3\xa9 \xc2\xa0nbsp \xe2\x80\xa6");
+  // Bytes that are not UTF-8 stay as they are; a lone C2 at the end too.
+  CHECK(escape_control("\x9b\xff\xc2") == "\x9b\xff\xc2");
+  CHECK(escape_control("back\\slash") == "back\\slash");
+}
