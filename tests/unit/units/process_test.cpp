@@ -289,7 +289,7 @@ TEST_CASE("a server killed by a signal leaves the unit failed with result signal
   CHECK(st.exec_main_status == SIGUSR1);
 }
 
-TEST_CASE("the environment, working directory and invocation ID reach the server; stdin is /dev/null") {
+TEST_CASE("the environment, working directory and invocation ID reach the server, and stdin is /dev/null") {
   Harness h;
   auto out = h.dir / "out";
   fs::create_directories(h.dir / "work dir");
