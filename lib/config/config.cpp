@@ -112,7 +112,8 @@ constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
                                                                  "service_manager"};
 constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
-                                                              "max_bytes_per_s", "ca_file", "read_timeout"};
+                                                              "max_bytes_per_s", "ca_file", "read_timeout",
+                                                              "listing_timeout"};
 constexpr std::string_view kMetricsKeys[] = {"listen"};
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
@@ -498,6 +499,9 @@ class Checker {
     read_existing_file(t, "ca_file", "hub.ca_file", out.ca_file);
     if (read_duration(t, "read_timeout", "hub.read_timeout", out.read_timeout) && out.read_timeout.count() < 100)
       problem(t.get("read_timeout")->source(), "hub.read_timeout must be at least 100ms");
+    if (read_duration(t, "listing_timeout", "hub.listing_timeout", out.listing_timeout) &&
+        out.listing_timeout < std::chrono::seconds(1))
+      problem(t.get("listing_timeout")->source(), "hub.listing_timeout must be at least 1s");
     return endpoint_set;
   }
 
@@ -772,6 +776,7 @@ std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& relo
   keep("hub.token_file", reloaded.hub.token_file, running.hub.token_file);
   keep("hub.ca_file", reloaded.hub.ca_file, running.hub.ca_file);
   keep("hub.read_timeout", reloaded.hub.read_timeout, running.hub.read_timeout);
+  keep("hub.listing_timeout", reloaded.hub.listing_timeout, running.hub.listing_timeout);
   keep("metrics.listen", reloaded.metrics.listen, running.metrics.listen);
   return out;
 }
