@@ -113,7 +113,7 @@ constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
 constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
                                                               "max_bytes_per_s", "ca_file", "read_timeout",
-                                                              "max_file_size"};
+                                                              "max_file_size", "listing_timeout"};
 constexpr std::string_view kMetricsKeys[] = {"listen", "max_connections", "per_address_connections"};
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
@@ -503,6 +503,9 @@ class Checker {
         (out.max_file_size < (1ull << 20) || out.max_file_size > (1ull << 50)))
       problem(t.get("max_file_size")->source(),
               fmt::format("hub.max_file_size must be between 1MiB and 1024TiB, got {} bytes", out.max_file_size));
+    if (read_duration(t, "listing_timeout", "hub.listing_timeout", out.listing_timeout) &&
+        out.listing_timeout < std::chrono::seconds(1))
+      problem(t.get("listing_timeout")->source(), "hub.listing_timeout must be at least 1s");
     return endpoint_set;
   }
 
@@ -785,6 +788,7 @@ std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& relo
   keep("hub.token_file", reloaded.hub.token_file, running.hub.token_file);
   keep("hub.ca_file", reloaded.hub.ca_file, running.hub.ca_file);
   keep("hub.read_timeout", reloaded.hub.read_timeout, running.hub.read_timeout);
+  keep("hub.listing_timeout", reloaded.hub.listing_timeout, running.hub.listing_timeout);
   keep("metrics.listen", reloaded.metrics.listen, running.metrics.listen);
   keep("metrics.max_connections", reloaded.metrics.max_connections, running.metrics.max_connections);
   keep("metrics.per_address_connections", reloaded.metrics.per_address_connections,

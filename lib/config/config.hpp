@@ -49,6 +49,9 @@ struct HubConfig {
   /// Hub's 50 GB limit per file): a larger one is a lie of the Hub (or of a man in the middle)
   /// and planning refuses the revision as hub_bad_response.
   std::uint64_t max_file_size = 1ull << 40;
+  /// Deadline of one whole listing or metadata request (a safetensors index), from connecting to
+  /// the last byte, at least 1 s; past it the request counts as a timeout and is retried.
+  milliseconds listing_timeout = std::chrono::seconds(60);
 
   friend bool operator==(const HubConfig&, const HubConfig&) = default;
 };
@@ -178,7 +181,8 @@ struct FixedChange {
 
 /// For a configuration reload (SIGHUP): finds every setting of `reloaded` that only takes effect
 /// at the next start of modeld (daemon.*, except disk_reserve; control.group; hub.endpoint,
-/// token_file, ca_file, read_timeout; metrics.*), sets it back to the value `running` has,
+/// token_file, ca_file, read_timeout, listing_timeout; metrics.*), sets it back to the value
+/// `running` has,
 /// and returns what differed, in that order. Models, hub.parallel_files, hub.max_bytes_per_s
 /// and daemon.disk_reserve are left as reloaded.
 std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded);

@@ -2,6 +2,7 @@
 // the JSON shapes of interface.md "Control API".
 
 #include "control/routes.hpp"
+#include "control/hub_reads.hpp"
 #include "control/metrics.hpp"
 #include "util/json.hpp"
 
@@ -150,6 +151,20 @@ Response forbidden(const Request& req, std::string_view path, const Peer& peer, 
                                                     req.method, path, access.group)));
 }
 
+// 429 too_many_requests with Retry-After: 1, and a journal warning naming the uid: one line per
+// 10 s at most (HubReads::refusals), so a client in a loop cannot flood the journal.
+Response too_many(const Request& req, std::string_view path, const Peer& peer, HubReads& reads, const Error& error) {
+  if (auto n = reads.refusals.count()) {
+    sys::Fields fields;
+    fields.extra.emplace_back("MODELD_UID", std::to_string(peer.uid));
+    sys::logf(sys::Level::warning, fields, "control: refused {} {} to uid {} (pid {}): {} ({} refused in the last 10 s)",
+              req.method, path, peer.uid, peer.pid, error.message, *n);
+  }
+  auto r = error_response(429, error);
+  r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
 // Validates {"model": NAME, "allow_downtime": bool} strictly: a typo in a field name must not
 // silently start a deployment with defaults.
 Result<std::pair<std::string, bool>> parse_deploy_body(const std::string& body) {
@@ -249,6 +264,8 @@ unsigned http_status(Errc code) noexcept {
       return 400;
     case Errc::forbidden:
       return 403;
+    case Errc::too_many_requests:
+      return 429;
     case Errc::unknown_model:
     case Errc::not_found:
       return 404;
@@ -553,7 +570,8 @@ Result<bool> parse_bool_param(std::string_view query, std::string_view key) {
 
 }  // namespace
 
-boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Engine& engine, const Access& access) {
+boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Engine& engine, const Access& access,
+                                              HubReads* hub_reads) {
   std::string_view target = req.target;
   std::string_view path = target.substr(0, target.find('?'));
   std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
@@ -571,6 +589,13 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     auto allow_downtime = parse_bool_param(query, "allow_downtime");
     if (!allow_downtime) co_return error_for(allow_downtime.error());
     if (!util::valid_model_name(name)) co_return unknown();
+    // A plan lists the Hub (and holds the listing while it runs): a few at once per user.
+    std::optional<HubReads::Slot> slot;
+    if (hub_reads) {
+      auto entered = hub_reads->enter(peer, [&] { return access.allows(peer); });
+      if (!entered) co_return too_many(req, path, peer, *hub_reads, entered.error());
+      slot.emplace(std::move(*entered));
+    }
     auto plan = co_await engine.plan(name, *allow_downtime);
     if (!plan) co_return error_for(plan.error());
     co_return json_response(200, plan_json(*plan));

@@ -67,12 +67,15 @@ struct Response {
 Response handle(const Request& request, const Peer& peer, deploy::Engine& engine,
                 const Access& access);
 
+class HubReads;
+
 /// Answers one request like handle(), and also the routes whose work takes time and runs
 /// through the engine's coroutines: GET /v1/models/{name}/plan[?allow_downtime=true] (read),
 /// POST /v1/models/{name}/verify and DELETE /v1/models/{name} (mutating: root and control.group
-/// only). The server calls this; handle() alone answers those routes 404.
+/// only). The server calls this; handle() alone answers those routes 404. With `hub_reads`, a
+/// plan beyond the peer's share of it is answered 429 too_many_requests (Retry-After: 1).
 boost::asio::awaitable<Response> handle_async(Request request, Peer peer, deploy::Engine& engine,
-                                              const Access& access);
+                                              const Access& access, HubReads* hub_reads = nullptr);
 
 /// The JSON bodies of the plan, verify and rm routes (docs/interface.md "Added by this project").
 nlohmann::json plan_json(const deploy::PlanReport& plan);
@@ -80,7 +83,8 @@ nlohmann::json verify_json(const deploy::VerifyReport& report);
 nlohmann::json removal_json(const deploy::Removal& removal);
 
 /// The HTTP status that stands for `code` in the API (unknown_model 404, deployment_running
-/// 409, forbidden 403, bad_request 400, ..., 500 for failures that are not the caller's).
+/// 409, forbidden 403, bad_request 400, too_many_requests 429, ..., 500 for failures that are
+/// not the caller's).
 unsigned http_status(Errc code) noexcept;
 
 /// An error response: `status` with body {"error": {"code", "message"}}.

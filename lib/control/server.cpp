@@ -125,7 +125,7 @@ bool socket_answers(const std::filesystem::path& path, int& err) {
 
 struct Server::Impl : std::enable_shared_from_this<Impl> {
   Impl(asio::any_io_executor ex, deploy::Engine& e, Options o)
-      : executor(std::move(ex)), engine(e), options(std::move(o)), acceptor(executor) {
+      : executor(std::move(ex)), engine(e), options(std::move(o)), acceptor(executor), hub_reads(options.limits.hub_reads) {
     access.group = options.group;
     access.is_member = options.is_member;
   }
@@ -135,6 +135,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   Options options;
   Access access;
   local::acceptor acceptor;
+  HubReads hub_reads;  // plans in progress per uid
   bool stopped = false;
   std::uint64_t next_id = 0;
   std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> conns;
@@ -387,7 +388,7 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uin
       r.body = options.metrics->text();
     } else {
       Request seen{req.method, req.target, {}};
-      r = co_await handle_async(std::move(req), conn->peer, engine, access);
+      r = co_await handle_async(std::move(req), conn->peer, engine, access, &hub_reads);
       if (options.metrics) options.metrics->observe(seen, r);
     }
     if (r.event_stream) {

@@ -4,6 +4,7 @@
 // hard limits on headers, bodies, connections and time, keep-alive, and Server-Sent Events
 // for GET /v1/events. Routes live in lib/control/routes.hpp.
 
+#include "control/hub_reads.hpp"
 #include "control/metrics.hpp"
 #include "control/routes.hpp"
 #include "deploy/engine.hpp"
@@ -34,6 +35,9 @@ struct Limits {
   std::chrono::milliseconds write_timeout = std::chrono::seconds(30);  ///< to write one response
   std::chrono::milliseconds keepalive_interval = std::chrono::seconds(15);  ///< SSE comment period
   std::size_t max_event_lag = 1000;      ///< SSE events queued for one client before it is dropped
+  /// Plans (they list the Hub) in progress at once: per unprivileged user, in all, and the
+  /// reserve of root and control.group; more are answered 429 too_many_requests.
+  HubReadLimits hub_reads;
 };
 
 /// How the server is set up.

@@ -8,6 +8,7 @@
 #include "deploy/phases.hpp"
 #include "deploy/state_store.hpp"
 #include "deploy/watchdog.hpp"
+#include "util/single_flight.hpp"
 
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
@@ -97,6 +98,8 @@ class Deployer final : public Engine {
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
+  boost::asio::awaitable<Result<PlanReport>> plan_now(std::shared_ptr<const config::Config> cfg, std::string model,
+                                                      bool allow_downtime);
 
   boost::asio::io_context& io_;
   Services services_;
@@ -110,6 +113,10 @@ class Deployer final : public Engine {
   /// start meanwhile, so no phase links from, evicts or rewrites a revision under them.
   std::map<std::string, std::string> busy_;
   bool shutting_down_ = false;
+  /// Plans running now, by model, allow_downtime and configuration: a plan asked for while the
+  /// same one runs shares its result (and its Hub listing).
+  util::SingleFlight<PlanReport> plans_;
+  std::size_t plans_waiting_ = 0;  ///< callers of plan() now, leaders and waiters
   // "ID of MODEL" of the deployment a restart interrupted, from load() until recover() takes it
   // up: start() refuses meanwhile, so a new deployment cannot race its continuation.
   std::optional<std::string> interrupted_;

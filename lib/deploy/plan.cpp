@@ -24,20 +24,18 @@ namespace {
 // shard.
 boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const config::ModelConfig& model,
                                                         const hub::Snapshot& all, const hub::Snapshot& kept) {
-  std::set<std::string> listed, passed;
-  for (const auto& f : all.files) listed.insert(f.path);
-  for (const auto& f : kept.files) passed.insert(f.path);
+  // Both listings are sorted by path: binary search, no copy of 100,000 names.
+  auto has = [](const hub::Snapshot& s, const std::string& path) {
+    auto it = std::lower_bound(s.files.begin(), s.files.end(), path,
+                               [](const hub::RepoFile& f, const std::string& p) { return f.path < p; });
+    return it != s.files.end() && it->path == path;
+  };
   for (const auto& index : kept.files) {
     if (!index.path.ends_with(".safetensors.index.json")) continue;
-    auto url = s.hub.resolve_url(all.repo, all.commit, index.path);
-    if (!url) co_return url.error();
-    http::Request req;
-    req.url = *url;
-    auto resp = co_await s.hub_client.request(req, 64u << 20);
-    if (!resp) co_return resp.error();
-    if (resp->head.status != 200)
-      co_return hub::Hub::error_from_response(resp->head, fmt::format("reading {} of {}", index.path, all.repo));
-    auto j = nlohmann::json::parse(resp->body, nullptr, false);
+    // Within hub.listing_timeout per try, and retried as listings are.
+    auto body = co_await s.hub.read_metadata(all.repo, all.commit, index.path, 64u << 20);
+    if (!body) co_return body.error();
+    auto j = nlohmann::json::parse(*body, nullptr, false);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       co_return make_error(Errc::checkpoint_incomplete,
                            fmt::format("{} of {} at {} has no weight_map object", index.path, all.repo, all.commit));
@@ -47,8 +45,8 @@ boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const confi
     for (const auto& [tensor, shard] : j["weight_map"].items()) {
       if (!shard.is_string()) continue;
       const std::string path = dir + shard.get<std::string>();
-      if (!listed.contains(path)) absent.insert(path);
-      else if (!passed.contains(path)) filtered.insert(path);
+      if (!has(all, path)) absent.insert(path);
+      else if (!has(kept, path)) filtered.insert(path);
     }
     auto join = [](const std::set<std::string>& v) {
       std::string out;
@@ -135,11 +133,15 @@ Result<void> check_listed_files(const config::ModelConfig& model, const hub::Sna
 
 boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
                                                                  const std::string& revision) {
-  auto snap = co_await s.hub.snapshot(model.repo, revision);
-  if (!snap) co_return snap.error();
+  // Shared with the Hub's cache and concurrent plans: only the filtered copy is this plan's.
+  auto listed = co_await s.hub.listing(model.repo, revision);
+  if (!listed) co_return listed.error();
+  const hub::Snapshot* snap = listed->get();
 
-  hub::Snapshot kept = *snap;
-  kept.files.clear();
+  hub::Snapshot kept;
+  kept.repo = snap->repo;
+  kept.revision = revision;
+  kept.commit = snap->commit;
   for (const auto& f : snap->files)
     if (util::passes_filters(f.path, model.include, model.exclude)) kept.files.push_back(f);
   if (auto r = check_listed_files(model, kept, s.config->hub.max_file_size); !r) co_return r.error();

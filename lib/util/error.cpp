@@ -5,7 +5,7 @@
 
 namespace modeld {
 namespace {
-constexpr std::array<std::pair<Errc, std::string_view>, 28> kNames{{
+constexpr std::array<std::pair<Errc, std::string_view>, 29> kNames{{
     {Errc::bad_request, "bad_request"},
     {Errc::config_invalid, "config_invalid"},
     {Errc::unknown_model, "unknown_model"},
@@ -14,6 +14,7 @@ constexpr std::array<std::pair<Errc, std::string_view>, 28> kNames{{
     {Errc::deployment_ended, "deployment_ended"},
     {Errc::not_found, "not_found"},
     {Errc::forbidden, "forbidden"},
+    {Errc::too_many_requests, "too_many_requests"},
     {Errc::hub_unauthorized, "hub_unauthorized"},
     {Errc::hub_not_found, "hub_not_found"},
     {Errc::hub_bad_response, "hub_bad_response"},

@@ -23,6 +23,7 @@ enum class Errc {
   deployment_ended,     ///< the deployment has already reached a terminal state
   not_found,            ///< no such route, deployment or file
   forbidden,            ///< the caller may not use this route
+  too_many_requests,    ///< the caller has as many requests of this kind in progress as it may
   // the Hub
   hub_unauthorized,     ///< 401/403: missing or insufficient token, gated or private repository
   hub_not_found,        ///< repository, revision or file does not exist (404, X-Error-Code)

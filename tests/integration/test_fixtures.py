@@ -738,6 +738,45 @@ def test_listing_fail_is_switched_through_the_control_file(start_hub, tmp_path, 
     assert fetch(f"{hub2.url}/api/models/{REPO}/revision/main")[0] == 503
 
 
+def test_expand_answers_only_the_properties_asked_for(hub):
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/revision/main?blobs=true")
+    full = json.loads(body)
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/revision/main?expand=sha")
+    assert st == 200
+    assert json.loads(body) == {"_id": full["_id"], "id": REPO, "sha": full["sha"]}
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/revision/main?expand[]=sha&expand[]=siblings")
+    assert set(json.loads(body)) == {"_id", "id", "sha", "siblings"}
+
+
+def test_listing_synthetic_delay_and_drip_shape_the_listing(start_hub, tmp_path):
+    control = tmp_path / "faults.json"
+    hub = start_hub("--control", control, "--listing-synthetic", "3")
+    url = f"{hub.url}/api/models/{REPO}/revision/main?blobs=true"
+    st, _, body = fetch(url)
+    siblings = json.loads(body)["siblings"]
+    extra = [s for s in siblings if s["rfilename"].startswith("extra/")]
+    assert [s["rfilename"] for s in extra] == ["extra/000000.bin", "extra/000001.bin", "extra/000002.bin"]
+    assert extra[2]["size"] == 1002 and len(extra[2]["blobId"]) == 40
+    # A dripping listing: the head at once, then one byte each 0.05 s (a whole answer still arrives).
+    tmp = tmp_path / "faults.tmp"
+    tmp.write_text(json.dumps({"listing_drip": 0.05, "listing_synthetic": 0}))
+    os.replace(tmp, control)
+    small = f"{hub.url}/api/models/{REPO}/revision/main?expand=sha"
+    with urllib.request.urlopen(small, timeout=30) as r:
+        assert r.status == 200
+        t0 = time.monotonic()
+        first = r.read(1)
+        rest = r.read()
+        took = time.monotonic() - t0
+    assert json.loads(first + rest)["id"] == REPO
+    assert took >= 0.05 * (len(first + rest) - 2)
+    tmp.write_text(json.dumps({"listing_delay": 0.5}))
+    os.replace(tmp, control)
+    t0 = time.monotonic()
+    assert fetch(small)[0] == 200
+    assert time.monotonic() - t0 >= 0.5
+
+
 def test_tls_serves_both_origins_with_the_given_certificate(start_hub, tmp_path, repos):
     import ssl
     from modeld_env import make_ca, make_leaf

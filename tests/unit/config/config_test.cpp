@@ -315,6 +315,28 @@ watch_failures = 0
   CHECK(r.problems.size() == 10);
 }
 
+TEST_CASE("hub.listing_timeout is a duration of at least 1s, 60s by default, named with its position when wrong") {
+  TempDir dir;
+  CHECK(load(dir.write("modeld.toml", kMinimalModel), Environment{}).config->hub.listing_timeout == 60s);
+  fs::path ok = dir.write("ok.toml", "[hub]\nlisting_timeout = \"2s\"\n" + std::string(kMinimalModel));
+  LoadResult good = load(ok, Environment{});
+  INFO(dump(good));
+  REQUIRE(good.config);
+  CHECK(good.config->hub.listing_timeout == 2s);
+
+  fs::path shortish = dir.write("short.toml", "[hub]\nlisting_timeout = \"500ms\"\n" + std::string(kMinimalModel));
+  LoadResult r = load(shortish, Environment{});
+  INFO(dump(r));
+  const Problem* p = find_problem(r, "hub.listing_timeout must be at least 1s");
+  REQUIRE(p);
+  CHECK(p->file == shortish);
+  CHECK(p->line == 2);
+  CHECK(p->column > 0);
+  fs::path typo = dir.write("typo.toml", "[hub]\nlisting_timeout = 60\n" + std::string(kMinimalModel));
+  CHECK(find_problem(load(typo, Environment{}), "expected a duration string (\"90s\", \"60m\", \"2h\") for "
+                                                "hub.listing_timeout, got integer"));
+}
+
 TEST_CASE("every problem is reported at once, in the order of the file") {
   TempDir dir;
   fs::path main = dir.write("modeld.toml", R"([daemon]
@@ -644,13 +666,14 @@ TEST_CASE("a reload keeps the settings that need a restart and takes over the re
   reloaded.control.group = "ops";
   reloaded.hub.endpoint = "https://mirror.example";
   reloaded.hub.read_timeout = 5s;
+  reloaded.hub.listing_timeout = 7s;
   reloaded.hub.parallel_files = 16;
   reloaded.metrics.listen = "";
   reloaded.metrics.per_address_connections = 2;
   reloaded.models["b"].repo = "org/b";
 
   auto fixed = keep_fixed_settings(running, reloaded);
-  REQUIRE(fixed.size() == 6);
+  REQUIRE(fixed.size() == 7);
   CHECK(fixed[0].key == "daemon.models_dir");
   CHECK(fixed[0].running == "\"/srv/models\"");
   CHECK(fixed[0].requested == "\"/data/models\"");
@@ -659,15 +682,18 @@ TEST_CASE("a reload keeps the settings that need a restart and takes over the re
   CHECK(fixed[3].key == "hub.read_timeout");
   CHECK(fixed[3].running == "30000 ms");
   CHECK(fixed[3].requested == "5000 ms");
-  CHECK(fixed[4].key == "metrics.listen");
-  CHECK(fixed[5].key == "metrics.per_address_connections");
-  CHECK(fixed[5].running == "4");
-  CHECK(fixed[5].requested == "2");
+  CHECK(fixed[4].key == "hub.listing_timeout");
+  CHECK(fixed[4].requested == "7000 ms");
+  CHECK(fixed[5].key == "metrics.listen");
+  CHECK(fixed[6].key == "metrics.per_address_connections");
+  CHECK(fixed[6].running == "4");
+  CHECK(fixed[6].requested == "2");
   // Set back to what runs ...
   CHECK(reloaded.daemon.models_dir == "/srv/models");
   CHECK(reloaded.control.group == "modeld");
   CHECK(reloaded.hub.endpoint == "https://hub.example");
   CHECK(reloaded.hub.read_timeout == 30s);
+  CHECK(reloaded.hub.listing_timeout == 60s);
   CHECK(reloaded.metrics.listen == "127.0.0.1:9464");
   CHECK(reloaded.metrics.per_address_connections == 4);
   // ... and the rest as reloaded.

@@ -4,8 +4,13 @@
 #include "control/routes.hpp"
 #include "deploy/engine.hpp"
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+
+#include <memory>
 
 #include <string_view>
 
@@ -39,6 +44,7 @@ class FakeEngine : public deploy::Engine {
   int cancels = 0;
   // What plan, verify and remove answer, and what they were asked.
   Result<deploy::PlanReport> plan_result = deploy::PlanReport{};
+  std::shared_ptr<boost::asio::steady_timer> plan_gate;  // when set, plans wait until it is cancelled
   Result<deploy::VerifyReport> verify_result = deploy::VerifyReport{};
   Result<deploy::Removal> remove_result = deploy::Removal{};
   std::vector<std::string> asked;  // "plan NAME true", "verify NAME", "remove NAME"
@@ -88,6 +94,8 @@ class FakeEngine : public deploy::Engine {
   boost::asio::awaitable<Result<deploy::PlanReport>> plan(std::string model, bool allow_downtime) override {
     asked.push_back("plan " + model + (allow_downtime ? " true" : " false"));
     if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
+    if (auto gate = plan_gate)  // held until the test cancels the timer
+      co_await gate->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));
     co_return plan_result;
   }
   boost::asio::awaitable<Result<deploy::VerifyReport>> verify(std::string model) override {

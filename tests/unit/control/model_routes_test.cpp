@@ -1,6 +1,7 @@
 // The plan, verify and rm routes, answered by handle_async() against a fake engine on an
 // io_context, without sockets.
 
+#include "control/hub_reads.hpp"
 #include "control/routes.hpp"
 #include "unit/control/fake_engine.hpp"
 
@@ -209,4 +210,51 @@ TEST_CASE("handle_async answers the other routes as handle does") {
   CHECK(body_of(r)["daemon"]["version"] == MODELD_VERSION);
   require_error(call(e, "GET", "/v1/models/llama/other"), 404, "not_found");
   require_error(call(e, "GET", "/v1/models/llama/plan/x"), 404, "not_found");
+}
+
+TEST_CASE("plans in progress are bounded per user and in all, with a reserve for root and the group") {
+  boost::asio::io_context io;
+  FakeEngine e;
+  e.plan_result = sample_plan();
+  e.plan_gate = std::make_shared<boost::asio::steady_timer>(io, std::chrono::hours(1));
+  HubReads reads(HubReadLimits{2, 3, 1});
+  const Access access = members_only();
+  const Peer other{1002, 1002, 4444};
+  std::vector<std::optional<Response>> out(7);
+  auto ask = [&](std::size_t i, const Peer& peer) {
+    boost::asio::co_spawn(io, handle_async(Request{"GET", "/v1/models/llama/plan", {}}, peer, e, access, &reads),
+                          [&out, i](std::exception_ptr ex, Response r) {
+                            REQUIRE_FALSE(ex);
+                            out[i] = std::move(r);
+                          });
+    io.poll();
+  };
+  ask(0, stranger);
+  ask(1, stranger);
+  ask(2, stranger);  // a third of the same user: refused at once
+  ask(3, other);     // 3 in all now
+  ask(4, other);     // all of the unprivileged share is taken
+  ask(5, root);      // the reserve
+  ask(6, member);    // the reserve is taken too
+  CHECK(reads.in_progress() == 4);
+  for (std::size_t i : {0, 1, 3, 5}) CHECK_FALSE(out[i]);
+  for (std::size_t i : {2, 4, 6}) {
+    REQUIRE(out[i]);
+    require_error(*out[i], 429, "too_many_requests");
+    CHECK(std::find(out[i]->headers.begin(), out[i]->headers.end(), std::pair<std::string, std::string>{"Retry-After", "1"}) !=
+          out[i]->headers.end());
+  }
+  CHECK(body_of(*out[2])["error"]["message"].get<std::string>().find("uid 1001 has 2 requests") != std::string::npos);
+  CHECK(body_of(*out[4])["error"]["message"].get<std::string>().find("3 requests that list the Hub") != std::string::npos);
+
+  e.plan_gate->cancel();
+  io.run();
+  for (std::size_t i : {0, 1, 3, 5}) {
+    REQUIRE(out[i]);
+    CHECK(out[i]->status == 200);
+  }
+  CHECK(reads.in_progress() == 0);
+  ask(0, stranger);  // places are given back
+  io.run();
+  CHECK(out[0]->status == 200);
 }

@@ -4,7 +4,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 using namespace modeld;
 using modeld::test::Exchange;
@@ -87,9 +93,11 @@ TEST_CASE("a snapshot lists the commit and every file, sorted by path") {
   CHECK(snap->files[2].path == "sub/tokenizer.json");
   CHECK_FALSE(snap->files[2].is_lfs());
 
-  REQUIRE(f.server->requests().size() == 1);
-  const auto& req = f.server->requests()[0];
-  CHECK(req.target() == "/api/models/org/name/revision/refs%2Fpr%2F1?blobs=true");
+  // A branch is resolved to its commit with a small request first, then listed at the commit.
+  REQUIRE(f.server->requests().size() == 2);
+  CHECK(f.server->requests()[0].target() == "/api/models/org/name/revision/refs%2Fpr%2F1?expand=sha");
+  const auto& req = f.server->requests()[1];
+  CHECK(req.target() == "/api/models/org/name/revision/" + kCommit + "?blobs=true");
   CHECK(req[boost::beast::http::field::authorization] == "Bearer hf_SECRET_TOKEN");
 }
 
@@ -181,7 +189,7 @@ TEST_CASE("the listing is retried on 503 and then succeeds") {
   auto snap = f.snapshot();
   REQUIRE(snap);
   CHECK(snap->commit == kCommit);
-  CHECK(f.server->requests().size() == 3);
+  CHECK(f.server->requests().size() == 4);  // the resolve request three times, then the listing
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));  // Retry-After capped
 }
 
@@ -243,4 +251,177 @@ TEST_CASE("a resolve URL percent-encodes path segments and keeps slashes") {
   CHECK(u->str() == "https://huggingface.co/org/name/resolve/" + kCommit + "/dir/a%20b%2Bc.json");
   CHECK_FALSE(hub.resolve_url("org/name", kCommit, "../x"));
   CHECK_FALSE(hub.resolve_url("org", kCommit, "x"));
+}
+
+namespace {
+
+// A listing of `extra` files besides the three of listing(), with unknown fields, nested values
+// and null lfs, as the Hub adds fields over time.
+std::string big_listing(std::size_t extra) {
+  std::string out = fmt::format(R"({{"id": "org/name", "cardData": {{"tags": [[1, 2], {{"a": null}}]}}, "sha": "{}",
+      "siblings": [{{"rfilename": "config.json", "size": 12, "blobId": "{}", "lfs": null, "x": [{{}}]}})",
+                                kCommit, kBlob);
+  for (std::size_t i = 0; i < extra; ++i)
+    out += fmt::format(R"(, {{"rfilename": "extra/{:06}.json", "size": {}, "blobId": "{}"}})", i, i, kBlob);
+  return out + "], \"spaces\": []}";
+}
+
+// Answers 200 with `body` after `delay`.
+TestServer::Handler after(std::chrono::milliseconds delay, std::string body) {
+  return [=](Exchange& ex) -> asio::awaitable<void> {
+    asio::steady_timer t(co_await asio::this_coro::executor);
+    t.expires_after(delay);
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_await ex.respond(200, body);
+  };
+}
+
+// Sends the head and then one byte of the body every `every`: each read gets bytes well within
+// any read timeout, but the answer never completes.
+TestServer::Handler drip(std::chrono::milliseconds every) {
+  return [=](Exchange& ex) -> asio::awaitable<void> {
+    co_await ex.write("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n");
+    asio::steady_timer t(co_await asio::this_coro::executor);
+    for (int i = 0; i < 2000; ++i) {
+      t.expires_after(every);
+      auto [ec] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (ec) co_return;
+      co_await ex.write(i == 0 ? "{" : " ");
+    }
+  };
+}
+
+}  // namespace
+
+TEST_CASE("a listing skips fields it does not know, whatever their nesting, without a JSON tree") {
+  Fixture f([](Exchange& ex) -> asio::awaitable<void> { co_await ex.respond(200, big_listing(3)); });
+  auto snap = f.snapshot("org/name", kCommit);
+  REQUIRE(snap);
+  REQUIRE(snap->files.size() == 4);
+  CHECK(snap->files[0].path == "config.json");
+  CHECK_FALSE(snap->files[0].is_lfs());
+  CHECK(snap->files[3].path == "extra/000002.json");
+  CHECK(snap->files[3].size == 2);
+}
+
+TEST_CASE("a listing at a commit is read from the Hub once, then from the cache") {
+  Fixture f([](Exchange& ex) -> asio::awaitable<void> { co_await ex.respond(200, listing()); });
+  for (int i = 0; i < 3; ++i) {
+    auto snap = f.snapshot("org/name", kCommit);
+    REQUIRE(snap);
+    CHECK(snap->files.size() == 3);
+    CHECK(snap->revision == kCommit);
+  }
+  CHECK(f.server->requests().size() == 1);
+  // A branch at that commit costs only the small resolve request.
+  auto branch = f.snapshot("org/name", "main");
+  REQUIRE(branch);
+  CHECK(branch->revision == "main");
+  CHECK(branch->files.size() == 3);
+  REQUIRE(f.server->requests().size() == 2);
+  CHECK(f.server->requests()[1].target() == "/api/models/org/name/revision/main?expand=sha");
+}
+
+TEST_CASE("concurrent listings of one repository and revision share one set of Hub requests") {
+  Fixture f(after(std::chrono::milliseconds(100), big_listing(1000)));
+  std::vector<std::size_t> files;
+  for (int i = 0; i < 16; ++i)
+    asio::co_spawn(f.ioc, f.hub->snapshot("org/name", "main"), [&](std::exception_ptr e, Result<hub::Snapshot> r) {
+      REQUIRE_FALSE(e);
+      REQUIRE(r);
+      files.push_back(r->files.size());
+      if (files.size() == 16) f.ioc.stop();
+    });
+  f.ioc.run_for(std::chrono::seconds(20));
+  REQUIRE(files.size() == 16);
+  CHECK(f.server->requests().size() == 2);  // one resolve, one listing, for all 16
+  CHECK(std::count(files.begin(), files.end(), 1001u) == 16);
+}
+
+TEST_CASE("concurrent callers share the listing itself, not copies of it") {
+  Fixture f(after(std::chrono::milliseconds(50), big_listing(10)));
+  std::vector<std::shared_ptr<const hub::Snapshot>> got;
+  for (int i = 0; i < 4; ++i)
+    asio::co_spawn(f.ioc, f.hub->listing("org/name", "main"), [&](std::exception_ptr e, auto r) {
+      REQUIRE_FALSE(e);
+      REQUIRE(r);
+      got.push_back(*r);
+      if (got.size() == 4) f.ioc.stop();
+    });
+  f.ioc.run_for(std::chrono::seconds(20));
+  REQUIRE(got.size() == 4);
+  for (const auto& g : got) CHECK(g.get() == got.front().get());
+  CHECK(got.front()->revision == kCommit);
+  CHECK(f.hub->cache().size() == 1);
+}
+
+TEST_CASE("a listing that drips bytes ends in timeout after listing_timeout, each try, and is retried") {
+  Fixture f(drip(std::chrono::milliseconds(20)));
+  f.hub->set_listing_timeout(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  auto snap = f.snapshot("org/name", kCommit);
+  const auto took = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(snap);
+  CHECK(snap.error().code == Errc::timeout);
+  CHECK(snap.error().message.find("listing org/name at " + kCommit) != std::string::npos);
+  CHECK(snap.error().message.find("hub.listing_timeout") != std::string::npos);
+  CHECK(snap.error().message.find("gave up after 5 tries") != std::string::npos);
+  CHECK(snap.error().message.find("hf_SECRET_TOKEN") == std::string::npos);
+  CHECK(f.server->requests().size() == 5);
+  CHECK(took >= std::chrono::milliseconds(1500));
+  CHECK(took < std::chrono::seconds(10));
+}
+
+TEST_CASE("a metadata read that drips bytes ends in timeout too") {
+  Fixture f(drip(std::chrono::milliseconds(20)));
+  f.hub->set_listing_timeout(std::chrono::milliseconds(200));
+  auto body = test::run(f.ioc, f.hub->read_metadata("org/name", kCommit, "model.safetensors.index.json", 1 << 20));
+  REQUIRE_FALSE(body);
+  CHECK(body.error().code == Errc::timeout);
+  CHECK(body.error().message.find("reading model.safetensors.index.json of org/name") != std::string::npos);
+  CHECK(f.server->requests().size() == 5);
+}
+
+TEST_CASE("a listing cancelled while it drips ends cancelled, not timeout, and is not retried") {
+  Fixture f(drip(std::chrono::milliseconds(20)));
+  f.hub->set_listing_timeout(std::chrono::seconds(30));
+  asio::cancellation_signal cancel;
+  std::optional<Result<hub::Snapshot>> out;
+  asio::co_spawn(f.ioc, f.hub->snapshot("org/name", kCommit),
+                 asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, Result<hub::Snapshot> r) {
+                   REQUIRE_FALSE(e);
+                   out.emplace(std::move(r));
+                   f.ioc.stop();
+                 }));
+  asio::steady_timer t(f.ioc);
+  t.expires_after(std::chrono::milliseconds(200));
+  t.async_wait([&](auto) { cancel.emit(asio::cancellation_type::terminal); });
+  f.ioc.run_for(std::chrono::seconds(10));
+  REQUIRE(out);
+  REQUIRE_FALSE(*out);
+  CHECK(out->error().code == Errc::cancelled);
+  CHECK(f.server->requests().size() == 1);
+}
+
+TEST_CASE("the listing cache keeps the most recently used listings within its bounds") {
+  hub::ListingCache cache(2, 5);
+  auto make = [](std::string repo, char c, std::size_t files) {
+    auto s = std::make_shared<hub::Snapshot>();
+    s->repo = std::move(repo);
+    s->commit = std::string(40, c);
+    s->files.resize(files);
+    return std::shared_ptr<const hub::Snapshot>(s);
+  };
+  cache.put("https://hub", make("o/a", 'a', 2));
+  cache.put("https://hub", make("o/b", 'b', 2));
+  CHECK(cache.find("https://hub", "o/a", std::string(40, 'a')));  // now the most recent
+  cache.put("https://hub", make("o/c", 'c', 2));                   // drops o/b (2 listings at most)
+  CHECK_FALSE(cache.find("https://hub", "o/b", std::string(40, 'b')));
+  CHECK(cache.find("https://hub", "o/a", std::string(40, 'a')));
+  CHECK_FALSE(cache.find("https://mirror", "o/a", std::string(40, 'a')));  // another endpoint
+  cache.put("https://hub", make("o/d", 'd', 4));  // 6 files in all: o/c goes, then o/a
+  CHECK(cache.size() == 1);
+  cache.put("https://hub", make("o/e", 'e', 6));  // more files than the whole cache: not kept
+  CHECK(cache.size() == 1);
+  CHECK(cache.find("https://hub", "o/d", std::string(40, 'd')));
 }
