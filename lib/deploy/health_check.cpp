@@ -51,9 +51,9 @@ std::string_view step_name(health::Step s) {
   }
   return "?";
 }
-}  // namespace
-
-boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& m, const sys::Fields& fields) {
+// wait_model_ready with the real probes.
+boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config::ModelConfig& m,
+                                                       const sys::Fields& fields) {
   auto target = target_of(m);
   if (!target) co_return target.error();
   const auto unit = units::serve_unit(m.name);
@@ -101,6 +101,12 @@ boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config:
     sys::logf(sys::Level::warning, fields, "{}; treating {} as loading while it is alive, ignoring", why, unit);
   };
   co_return co_await health::wait_ready(s.local_client, s.units, unit, *target, options);
+}
+
+}  // namespace
+
+boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& m, const sys::Fields& fields) {
+  return s.wait_ready ? s.wait_ready(m, fields) : probe_until_ready(s, m, fields);
 }
 
 boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run) {

@@ -40,6 +40,8 @@ struct Services {
   http::Client& local_client;  ///< talks to local inference servers (no token)
   units::ServiceManager& units;
   boost::asio::thread_pool& disk_pool;
+  /// A test seam replacing the readiness wait of wait_model_ready; empty (the daemon's case): the real probes.
+  std::function<boost::asio::awaitable<Result<void>>(const config::ModelConfig&, const sys::Fields&)> wait_ready;
 };
 
 /// One deployment in progress: its record and what the phases learn along the way.
@@ -149,7 +151,7 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run);
 /// health_checking: wait for readiness within startup_timeout.
 boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run);
 
-/// Waits until the service of `model` is ready within its startup_timeout, logging each step.
+/// Waits until the service of `model` is ready within its startup_timeout, logging each step (Services::wait_ready instead, when set).
 boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& model,
                                                       const sys::Fields& fields);
 

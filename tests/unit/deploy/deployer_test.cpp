@@ -1,0 +1,754 @@
+// The deployment state machine where it lives: a real Deployer with its real phases, a real
+// store and state store on a temporary folder, a Hub served by a TestServer, FakeUnits for
+// systemd, readiness through Services::wait_ready and no GPU (MODELD_NVML_LIBRARY names a
+// library the loader cannot find, which is a host without the NVIDIA driver).
+//
+// These are the tests of the real exclusion rules (the 409s of the API): deployer.cpp's start()
+// and disk_conflict(). tests/unit/control only checks how the routes map those errors.
+
+#include "deploy/deployer.hpp"
+
+#include "deploy/state_store.hpp"
+#include "http/client.hpp"
+#include "hub/hub.hpp"
+#include "store/store.hpp"
+#include "units/service_manager.hpp"
+#include "verify/hash.hpp"
+
+#include "unit/deploy/fake_units.hpp"
+#include "unit/http/test_server.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace modeld;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using deploy::Phase;
+using deploy::State;
+using modeld::test::Exchange;
+using modeld::test::HeaderList;
+using modeld::test::TestServer;
+
+namespace {
+
+// Read by gpu::Nvml when the deploy phases first look at the GPUs: no GPU, whatever the host has.
+const bool kNoGpu = (::setenv("MODELD_NVML_LIBRARY", "libmodeld-unit-test-no-nvml.so.1", 1), true);
+
+const std::string kOld(40, 'a');    // the commit of "old", which serves when a test starts
+const std::string kNew(40, 'b');    // the commit "main" of acme/new resolves to
+const std::string kSpare(40, 'c');  // the commit of "spare", on disk, never active
+const std::string kOldUnit = "modeld-serve@old.service";
+const std::string kNewUnit = "modeld-serve@new.service";
+const std::string kConfigJson = R"({"architectures": ["TestForCausalLM"]})";
+const std::string kRecordId = "20260101T000000Z-new";
+
+const std::vector<Phase> kOrder{Phase::planning,     Phase::freeing_disk, Phase::downloading,     Phase::verifying,
+                                Phase::stopping_old, Phase::launching,    Phase::health_checking, Phase::benchmarking};
+const std::vector<Phase> kDowntimeOrder{Phase::planning,  Phase::stopping_old, Phase::freeing_disk,
+                                        Phase::downloading, Phase::verifying, Phase::launching,
+                                        Phase::health_checking, Phase::benchmarking};
+const std::vector<Phase> kFromStoppingOld{Phase::stopping_old, Phase::launching, Phase::health_checking,
+                                          Phase::benchmarking};
+
+std::string git_sha1(const std::string& content) {
+  verify::Hasher h(verify::HashKind::git_sha1, content.size());
+  h.update(std::span<const char>(content.data(), content.size()));
+  return h.hex();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string listing() {
+  return fmt::format(R"({{"id": "acme/new", "sha": "{}", "siblings": [
+      {{"rfilename": "config.json", "size": {}, "blobId": "{}"}}]}})",
+                     kNew, kConfigJson.size(), git_sha1(kConfigJson));
+}
+
+std::shared_ptr<config::Config> three_models(const fs::path& dir) {
+  auto c = std::make_shared<config::Config>();
+  c->daemon.models_dir = dir / "models";
+  c->daemon.state_dir = dir / "state";
+  c->daemon.disk_reserve = 0;
+  c->hub.parallel_files = 2;
+  std::uint16_t port = 1;  // privileged ports nothing listens on: stopping_old finds them free
+  for (const char* name : {"old", "new", "spare"}) {
+    config::ModelConfig m;
+    m.name = name;
+    m.repo = std::string("acme/") + name;
+    m.serve.port = port++;
+    m.serve.served_name = name;
+    m.serve.stop_timeout = 1s;
+    c->models[name] = m;
+  }
+  return c;
+}
+
+fs::path fresh_dir() {
+  static int n = 0;
+  auto d = fs::temp_directory_path() / fmt::format("deployer-test-{}-{}", ::getpid(), ++n);
+  fs::remove_all(d);
+  fs::create_directories(d / "models");
+  return d;
+}
+
+http::ClientOptions client_options() {
+  http::ClientOptions o;
+  o.connect_timeout = 5s;
+  o.read_timeout = 5s;
+  return o;
+}
+
+// Keeps the one thread of a disk pool busy until released (or destroyed), so that a verify or
+// an rm is held on its way to the pool.
+struct PoolBlock {
+  std::promise<void> gate;
+  bool released = false;
+  explicit PoolBlock(asio::thread_pool& pool) {
+    asio::post(pool, [f = gate.get_future().share()] { f.wait(); });
+  }
+  void release() {
+    if (!released) gate.set_value();
+    released = true;
+  }
+  ~PoolBlock() { release(); }
+};
+
+struct Fixture {
+  fs::path dir = fresh_dir();
+  std::shared_ptr<config::Config> cfg = three_models(dir);
+  asio::io_context ioc;
+  asio::thread_pool pool{1};
+  store::Store store{cfg->daemon.models_dir};
+  deploy::StateStore states{cfg->daemon.state_dir};
+  test::Gate listing_gate, file_gate, ready_gate;  // hold planning, downloading, health_checking of "new"
+  TestServer hub_server{ioc, [this](Exchange& ex) { return answer(ex); }};
+  http::Client client{ioc.get_executor(), client_options()};
+  hub::Hub hub{client, hub_server.url("")};
+  test::FakeUnits units;
+  std::map<std::string, Error> not_ready;  // model -> what readiness answers instead of ready
+  std::map<std::string, int> ready_waits;  // model -> readiness waits
+  std::vector<nlohmann::json> phase_events, state_events;
+  std::function<void(const nlohmann::json&)> on_phase;  // called at every "phase" event
+  std::unique_ptr<deploy::Deployer> deployer;
+
+  // "old" verified, linked, active and running; "spare" verified on disk; nothing of "new".
+  Fixture() {
+    (void)kNoGpu;
+    REQUIRE(states.init().has_value());
+    put_verified("old", kOld, true);
+    put_verified("spare", kSpare, false);
+    units.active_state = "inactive";
+    units.states[kOldUnit] = "active";
+    record_active("old", kOld);
+    hub::RetryPolicy fast;
+    fast.backoff = {1ms};
+    hub.set_retry_policy(fast);
+  }
+
+  ~Fixture() {
+    for (auto* g : {&listing_gate, &file_gate, &ready_gate}) g->release();
+    for (auto& [_, g] : units.gates) g.release();
+    if (deployer) {
+      bool done = false;
+      deployer->shutdown([&] { done = true; });
+      run_until([&] { return done; });
+    }
+    deployer.reset();
+    pool.join();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+
+  // Runs the loop until `done` holds, at most `limit` (a generous bound, not a timing).
+  bool run_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 30s) {
+    ioc.restart();
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!done() && std::chrono::steady_clock::now() < end) ioc.run_one_for(10ms);
+    return done();
+  }
+
+  template <class T>
+  T run(asio::awaitable<T> task) {
+    return test::run(ioc, std::move(task));
+  }
+
+  // Revision `commit` of `name` holding config.json with its manifest, linked if `link`.
+  void put_verified(const std::string& name, const std::string& commit, bool link) {
+    put_files(name, commit);
+    const auto file = store.revision_dir(name, commit) / "config.json";
+    store::Manifest m;
+    m.repo = "acme/" + name;
+    m.revision = "main";
+    m.commit = commit;
+    auto id = store::identity_of(file);
+    REQUIRE(id.has_value());
+    m.files.push_back(store::ManifestFile{"config.json", kConfigJson.size(), "", git_sha1(kConfigJson), *id});
+    REQUIRE(store.write_manifest(name, m).has_value());
+    if (link) REQUIRE(store.switch_link(name, commit).has_value());
+  }
+
+  // Revision `commit` of `name` holding config.json, not verified.
+  void put_files(const std::string& name, const std::string& commit) {
+    REQUIRE(store.prepare_revision(name, commit).has_value());
+    write_file(store.revision_dir(name, commit) / "config.json", kConfigJson);
+  }
+
+  void record_active(const std::string& name, const std::string& commit) {
+    deploy::DaemonState st;
+    st.active = deploy::ActiveRecord{name, commit, "2026-01-01T00:00:00Z"};
+    st.last_active[name] = "2026-01-01T00:00:00Z";
+    REQUIRE(states.save(st).has_value());
+  }
+
+  asio::awaitable<void> answer(Exchange& ex) {
+    const std::string target(ex.request.target());
+    const std::string file_prefix = "/acme/new/resolve/" + kNew + "/";
+    if (target.starts_with("/api/models/acme/new/revision/")) {
+      co_await listing_gate.pass();
+      co_await ex.respond(200, listing());
+    } else if (target == file_prefix + "config.json") {
+      co_await file_gate.pass();
+      co_await ex.respond(200, kConfigJson);
+    } else {
+      HeaderList h{{"X-Error-Code", "EntryNotFound"}};
+      co_await ex.respond(404, "Entry not found", std::move(h));
+    }
+  }
+
+  // Readiness of a model: its unit must be active; "new" waits at ready_gate; not_ready answers.
+  asio::awaitable<Result<void>> ready(std::string model) {
+    ++ready_waits[model];
+    if (model == "new" && !co_await ready_gate.pass()) co_return make_error(Errc::cancelled, "readiness: cancelled");
+    if (units.state_of(units::serve_unit(model)) != "active")
+      co_return make_error(Errc::health_failed, units::serve_unit(model) + " is not active");
+    if (auto f = not_ready.find(model); f != not_ready.end()) co_return f->second;
+    co_return Result<void>{};
+  }
+
+  deploy::Watchdog::Options watchdog_options() {
+    deploy::Watchdog::Options o;
+    o.probe = [](const config::ModelConfig&) -> asio::awaitable<Result<void>> { co_return Result<void>{}; };
+    return o;
+  }
+
+  // Constructs the Deployer as the daemon does and loads the state; recover() is up to the test.
+  void load() {
+    deploy::Services services{cfg, store, hub, client, client, units, pool};
+    services.wait_ready = [this](const config::ModelConfig& m, const sys::Fields&) { return ready(m.name); };
+    deployer = std::make_unique<deploy::Deployer>(ioc, services, states, watchdog_options());
+    deployer->subscribe([this](const deploy::Event& e) { on_event(e); });
+    REQUIRE(deployer->load().has_value());
+  }
+
+  void on_event(const deploy::Event& e) {
+    auto j = nlohmann::json::parse(e.data_json);
+    if (e.kind == "phase") {
+      phase_events.push_back(j);
+      if (on_phase) on_phase(j);
+    }
+    if (e.kind == "state") state_events.push_back(j);
+  }
+
+  // load(), then recover() to its end, as the daemon starts.
+  void boot() {
+    load();
+    bool recovered = false;
+    asio::co_spawn(ioc, deployer->recover(), [&](std::exception_ptr) { recovered = true; });
+    REQUIRE(run_until([&] { return recovered; }));
+  }
+
+  deploy::Deployment deploy(const std::string& model, bool allow_downtime = false) {
+    auto d = deployer->start(model, allow_downtime);
+    INFO((d ? std::string("started") : d.error().message));
+    REQUIRE(d.has_value());
+    return *d;
+  }
+
+  // Runs the loop until deployment `id` has ended, and returns it.
+  deploy::Deployment wait_end(const std::string& id) {
+    REQUIRE(run_until([&] {
+      auto d = deployer->get(id);
+      return d && d->ended();
+    }));
+    return *deployer->get(id);
+  }
+
+  std::vector<Phase> phases() const {
+    std::vector<Phase> out;
+    for (const auto& j : phase_events) out.push_back(*deploy::phase_from_string(j["phase"].get<std::string>()));
+    return out;
+  }
+
+  // Position of `call` ("stop UNIT") in the recorded calls, or -1.
+  long position(const std::string& call) const {
+    auto it = std::find(units.unit_calls.begin(), units.unit_calls.end(), call);
+    return it == units.unit_calls.end() ? -1 : it - units.unit_calls.begin();
+  }
+
+  // The record a daemon killed in phase `p` leaves in state_dir/deployments/ID.json, and the
+  // disk, units and state.json as they were then.
+  void leave_crashed_in(Phase p) {
+    deploy::Deployment d;
+    d.id = kRecordId;
+    d.model = "new";
+    d.started_at = "2026-01-01T00:00:00Z";
+    d.previous_model = "old";
+    d.previous_commit = kOld;
+    d.phase = p;
+    d.state = State::running;
+    if (p != Phase::planning) d.commit = kNew;
+    const bool stopped = p >= Phase::stopping_old;
+    d.old_stopped = stopped;
+    if (p == Phase::verifying) put_files("new", kNew);
+    if (stopped) put_verified("new", kNew, p >= Phase::launching);
+    if (p >= Phase::launching) units.states[kOldUnit] = "inactive";
+    if (p >= Phase::health_checking) units.states[kNewUnit] = "active";
+    if (p == Phase::benchmarking) record_active("new", kNew);
+    if (p == Phase::rolling_back) d.error = make_error(Errc::health_failed, "the new model never answered /health");
+    REQUIRE(states.save_deployment(d).has_value());
+  }
+};
+
+// What any deployment of "new" that succeeded leaves: "new" serves at kNew, "old" is stopped
+// (by this daemon before "new" started, unless `old_was_stopped` already).
+void check_new_serves(Fixture& fx, const deploy::Deployment& d, bool old_was_stopped = false) {
+  INFO((d.error ? d.error->message : std::string("no error")));
+  CHECK(d.state == State::succeeded);
+  CHECK(d.phase == Phase::benchmarking);
+  CHECK(d.commit == kNew);
+  CHECK_FALSE(d.error);
+  auto active = fx.deployer->active();
+  REQUIRE(active);
+  CHECK(active->model == "new");
+  CHECK(active->commit == kNew);
+  CHECK(fx.store.linked_commit("new") == kNew);
+  CHECK(fx.store.manifest_still_matches("new", kNew));
+  CHECK(fx.units.state_of(kNewUnit) == "active");
+  CHECK(fx.units.state_of(kOldUnit) == "inactive");
+  if (!old_was_stopped) {
+    CHECK(fx.position("stop " + kOldUnit) >= 0);
+    CHECK(fx.position("stop " + kOldUnit) < fx.position("start " + kNewUnit));
+  }
+  // What the next daemon start reads agrees.
+  auto st = fx.states.load();
+  REQUIRE(st);
+  REQUIRE(st->active);
+  CHECK(st->active->model == "new");
+  auto hist = fx.states.load_history(10);
+  REQUIRE_FALSE(hist.empty());
+  CHECK(hist.front().id == d.id);
+  CHECK(hist.front().state == State::succeeded);
+  REQUIRE(fx.state_events.size() == 1);
+  CHECK(fx.state_events.front()["state"] == "succeeded");
+}
+
+// What a deployment of "new" that ended before stopping_old leaves: "old" serves as before.
+void check_old_untouched(Fixture& fx) {
+  CHECK(fx.position("stop " + kOldUnit) == -1);
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.store.linked_commit("old") == kOld);
+  auto active = fx.deployer->active();
+  REQUIRE(active);
+  CHECK(active->model == "old");
+}
+
+// What a deployment of "new" that rolled back leaves: "old" serves again at kOld, "new" is stopped.
+void check_old_restored(Fixture& fx, const deploy::Deployment& d) {
+  CHECK(d.state == State::rolled_back);
+  CHECK(d.phase == Phase::rolling_back);
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.units.state_of(kNewUnit) == "inactive");
+  CHECK(fx.store.linked_commit("old") == kOld);
+  CHECK(fx.ready_waits["old"] >= 1);
+  auto active = fx.deployer->active();
+  REQUIRE(active);
+  CHECK(active->model == "old");
+  CHECK(active->commit == kOld);
+  REQUIRE_FALSE(fx.phase_events.empty());
+  CHECK(fx.phase_events.back()["phase"] == "rolling_back");
+}
+
+std::string phase_list(const std::vector<Phase>& v) {
+  std::string out;
+  for (auto p : v) out += std::string(out.empty() ? "" : ", ") + std::string(deploy::to_string(p));
+  return out;
+}
+
+}  // namespace
+
+// ---- the 409 rules (deployer.cpp: start() and disk_conflict()) ----
+
+TEST_CASE("a deploy while another deployment runs is refused as deployment_running naming it and its phase") {
+  Fixture fx;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  for (const char* model : {"new", "old"}) {
+    auto again = fx.deployer->start(model, false);
+    REQUIRE_FALSE(again);
+    CHECK(modeld::to_string(again.error().code) == std::string_view("deployment_running"));
+    CHECK(again.error().message == fmt::format("deployment {} of new is running (phase downloading)", d.id));
+  }
+  fx.file_gate.release();
+  check_new_serves(fx, fx.wait_end(d.id));
+  CHECK(fx.deployer->history(10).size() == 1);
+}
+
+TEST_CASE("verify, and rm of the model deployed, during a deployment are refused as deployment_running") {
+  Fixture fx;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  for (const char* model : {"old", "spare"}) {
+    auto v = fx.run(fx.deployer->verify(model));
+    REQUIRE_FALSE(v);
+    CHECK(modeld::to_string(v.error().code) == std::string_view("deployment_running"));
+    CHECK(v.error().message ==
+          fmt::format("deployment {} of new is running (phase downloading); verify {} when it has ended", d.id, model));
+  }
+  auto rm = fx.run(fx.deployer->remove("new"));
+  REQUIRE_FALSE(rm);
+  CHECK(modeld::to_string(rm.error().code) == std::string_view("deployment_running"));
+  CHECK(rm.error().message ==
+        fmt::format("deployment {} of new is running (phase downloading); rm new when it has ended", d.id));
+  fx.file_gate.release();
+  check_new_serves(fx, fx.wait_end(d.id));
+}
+
+TEST_CASE("rm of a model that a running deployment neither deploys nor replaces goes ahead") {
+  Fixture fx;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  auto rm = fx.run(fx.deployer->remove("spare"));
+  INFO((rm ? std::string("removed") : rm.error().message));
+  REQUIRE(rm);
+  CHECK(rm->commits == std::vector<std::string>{kSpare});
+  CHECK_FALSE(fs::exists(fx.store.revision_dir("spare", kSpare)));
+  fx.file_gate.release();
+  check_new_serves(fx, fx.wait_end(d.id));
+}
+
+TEST_CASE("rm of the model in service is refused as model_active and deletes nothing") {
+  Fixture fx;
+  fx.boot();
+  auto rm = fx.run(fx.deployer->remove("old"));
+  REQUIRE_FALSE(rm);
+  CHECK(modeld::to_string(rm.error().code) == std::string_view("model_active"));
+  CHECK(rm.error().message ==
+        "model old is active (served by modeld-serve@old.service); deploy another model before removing it");
+  CHECK(fx.store.linked_commit("old") == kOld);
+  CHECK(fx.store.manifest_still_matches("old", kOld));
+  SECTION("also while a deployment of another model runs") {
+    fx.file_gate.armed = true;
+    auto d = fx.deploy("new");
+    REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+    rm = fx.run(fx.deployer->remove("old"));
+    REQUIRE_FALSE(rm);
+    CHECK(modeld::to_string(rm.error().code) == std::string_view("model_active"));
+    CHECK(fx.store.manifest_still_matches("old", kOld));
+    fx.file_gate.release();
+    check_new_serves(fx, fx.wait_end(d.id));
+  }
+}
+
+namespace {
+
+// Starts `what` ("verify" or "rm") of `model` and runs the loop until it waits for the disk pool
+// (which the caller keeps busy); `done` is set once it has ended, `ok` when it succeeded.
+void start_on_blocked_pool(Fixture& fx, const std::string& what, const std::string& model, bool& done, bool& ok) {
+  auto finished = [&](std::exception_ptr, auto r) {
+    done = true;
+    ok = r.has_value();
+  };
+  if (what == "verify")
+    asio::co_spawn(fx.ioc, fx.deployer->verify(model), finished);
+  else
+    asio::co_spawn(fx.ioc, fx.deployer->remove(model), finished);
+  fx.ioc.restart();
+  fx.ioc.poll();  // nothing before the job on the pool waits for anything else
+  REQUIRE_FALSE(done);
+}
+
+}  // namespace
+
+TEST_CASE("a deploy, a verify or an rm during a verify or an rm of a model is refused as deployment_running") {
+  Fixture fx;
+  fx.boot();
+  PoolBlock block(fx.pool);
+  const std::string what = GENERATE(std::string("verify"), std::string("rm"));
+  const std::string model = what == "verify" ? "old" : "spare";
+  bool done = false, ok = false;
+  start_on_blocked_pool(fx, what, model, done, ok);
+  const std::string busy = fmt::format("a {} of model {} is in progress", what, model);
+  auto d = fx.deployer->start("new", false);
+  REQUIRE_FALSE(d);
+  CHECK(modeld::to_string(d.error().code) == std::string_view("deployment_running"));
+  CHECK(d.error().message == busy + "; deploy when it has ended");
+  auto v = fx.run(fx.deployer->verify(model));
+  REQUIRE_FALSE(v);
+  CHECK(v.error().code == Errc::deployment_running);
+  CHECK(v.error().message == busy);
+  auto rm = fx.run(fx.deployer->remove(model));
+  REQUIRE_FALSE(rm);
+  CHECK(rm.error().code == Errc::deployment_running);
+  CHECK(rm.error().message == busy);
+  block.release();
+  REQUIRE(fx.run_until([&] { return done; }));
+  CHECK(ok);
+  check_new_serves(fx, fx.wait_end(fx.deploy("new").id));
+}
+
+TEST_CASE("after a restart a deploy is refused until the interrupted deployment continues") {
+  Fixture fx;
+  fx.leave_crashed_in(Phase::downloading);
+  fx.load();
+  for (const char* model : {"new", "old"}) {
+    auto d = fx.deployer->start(model, false);
+    REQUIRE_FALSE(d);
+    CHECK(modeld::to_string(d.error().code) == std::string_view("deployment_running"));
+    CHECK(d.error().message ==
+          fmt::format("deployment {} of new, interrupted by modeld's restart, is about to continue", kRecordId));
+  }
+  bool recovered = false;
+  asio::co_spawn(fx.ioc, fx.deployer->recover(), [&](std::exception_ptr) { recovered = true; });
+  REQUIRE(fx.run_until([&] { return recovered; }));
+  auto again = fx.deployer->start("old", false);
+  REQUIRE_FALSE(again);
+  CHECK_THAT(again.error().message, Catch::StartsWith(fmt::format("deployment {} of new is running (phase ", kRecordId)));
+  check_new_serves(fx, fx.wait_end(kRecordId));
+}
+
+// ---- the order of the phases, from the events the Deployer emits ----
+
+TEST_CASE("without allow_downtime the phases run in order, stopping the old model after verifying") {
+  Fixture fx;
+  fx.boot();
+  auto d = fx.deploy("new");
+  CHECK(d.phase == Phase::planning);
+  CHECK(d.previous_model == std::optional<std::string>("old"));
+  auto end = fx.wait_end(d.id);
+  CHECK(phase_list(fx.phases()) == phase_list(kOrder));
+  CHECK_FALSE(end.downtime_first);
+  check_new_serves(fx, end);
+  CHECK(fx.store.linked_commit("old") == kOld);  // kept for a later rollback or redeploy
+}
+
+TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {
+  Fixture fx;
+  fx.boot();
+  auto end = fx.wait_end(fx.deploy("new", true).id);
+  CHECK(phase_list(fx.phases()) == phase_list(kOrder));
+  CHECK_FALSE(end.downtime_first);
+  check_new_serves(fx, end);
+  CHECK(fx.store.linked_commit("old") == kOld);
+}
+
+TEST_CASE("with allow_downtime and room only without the active model, stopping_old comes right after planning") {
+  Fixture fx;
+  // "old" holds 1 GiB of real blocks, and disk_reserve leaves room for the download only once
+  // it is gone: any change of the free space smaller than 512 MiB during the test keeps that so.
+  constexpr std::uint64_t kBig = 1ull << 30;
+  const auto big = fx.store.revision_dir("old", kOld) / "weights.bin";
+  const int fd = ::open(big.c_str(), O_CREAT | O_WRONLY, 0644);
+  REQUIRE(fd >= 0);
+  const int fa = ::posix_fallocate(fd, 0, static_cast<off_t>(kBig));
+  ::close(fd);
+  REQUIRE(fa == 0);
+  fx.boot();
+  auto free = store::free_bytes(fx.cfg->daemon.models_dir);
+  REQUIRE(free);
+  fx.cfg->daemon.disk_reserve = *free + kBig / 2;
+  auto end = fx.wait_end(fx.deploy("new", true).id);
+  CHECK(phase_list(fx.phases()) == phase_list(kDowntimeOrder));
+  CHECK(end.downtime_first);
+  check_new_serves(fx, end);
+  CHECK_FALSE(fs::exists(fx.store.revision_dir("old", kOld)));  // evicted in freeing_disk
+  CHECK(fx.position("stop " + kOldUnit) >= 0);
+}
+
+// ---- cancel ----
+
+namespace {
+
+struct CancelCase {
+  Phase phase;
+  State ends;
+  bool old_serves;  // at the end: "old" as before (untouched or restored), else "new"
+};
+
+// Checks how a deployment of "new" cancelled in `c.phase` ended.
+void check_cancelled(Fixture& fx, const deploy::Deployment& end, const CancelCase& c) {
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == c.ends);
+  if (c.ends == State::succeeded) return check_new_serves(fx, end);
+  REQUIRE(end.error);
+  CHECK(end.error->code == Errc::cancelled);
+  if (c.ends == State::rolled_back) {
+    CHECK(end.error->message == "cancelled by the user; rolled back: old serves again");
+    return check_old_restored(fx, end);
+  }
+  CHECK(end.error->message == "cancelled by the user");
+  CHECK(end.phase == c.phase);
+  const auto upto = std::find(kOrder.begin(), kOrder.end(), c.phase) + 1;
+  CHECK(phase_list(fx.phases()) == phase_list(std::vector<Phase>(kOrder.begin(), upto)));
+  if (c.old_serves) return check_old_untouched(fx);
+  auto active = fx.deployer->active();
+  REQUIRE(active);
+  CHECK(active->model == "new");
+  CHECK(fx.units.state_of(kNewUnit) == "active");
+  CHECK(fx.units.state_of(kOldUnit) == "inactive");
+}
+
+}  // namespace
+
+TEST_CASE("a cancel as a phase begins ends cancelled before stopping_old, rolled back in it and launching") {
+  // A cancel that reaches the Deployer as a phase begins (from the phase event's listener) is
+  // seen by drive() once that phase has ended. What the product does now: a phase that then
+  // passes health_checking has recorded the new model active, so nothing is rolled back: the
+  // deployment ends cancelled (health_checking) or succeeded (benchmarking) with "new" serving.
+  const auto c = GENERATE(CancelCase{Phase::planning, State::cancelled, true},
+                          CancelCase{Phase::freeing_disk, State::cancelled, true},
+                          CancelCase{Phase::downloading, State::cancelled, true},
+                          CancelCase{Phase::verifying, State::cancelled, true},
+                          CancelCase{Phase::stopping_old, State::rolled_back, true},
+                          CancelCase{Phase::launching, State::rolled_back, true},
+                          CancelCase{Phase::health_checking, State::cancelled, false},
+                          CancelCase{Phase::benchmarking, State::succeeded, false});
+  CAPTURE(deploy::to_string(c.phase));
+  Fixture fx;
+  fx.boot();
+  std::optional<Result<deploy::Deployment>> cancelled;
+  fx.on_phase = [&](const nlohmann::json& j) {
+    if (j["phase"].get<std::string>() == deploy::to_string(c.phase) && !cancelled)
+      cancelled = fx.deployer->cancel(j["id"].get<std::string>());
+  };
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  REQUIRE(cancelled);
+  REQUIRE(*cancelled);
+  CHECK((*cancelled)->cancel_requested);
+  check_cancelled(fx, end, c);
+}
+
+TEST_CASE("a cancel while a phase waits ends as a cancel in that phase does") {
+  Fixture fx;
+  fx.boot();
+  test::Gate* gate = nullptr;
+  CancelCase c{};
+  SECTION("planning, waiting for the Hub's listing") {
+    gate = &fx.listing_gate;
+    c = {Phase::planning, State::cancelled, true};
+  }
+  SECTION("downloading, waiting for a file") {
+    gate = &fx.file_gate;
+    c = {Phase::downloading, State::cancelled, true};
+  }
+  SECTION("stopping_old, waiting for StopUnit") {
+    gate = &fx.units.gates["stop " + kOldUnit];
+    c = {Phase::stopping_old, State::rolled_back, true};
+  }
+  SECTION("launching, waiting for StartUnit") {
+    gate = &fx.units.gates["start " + kNewUnit];
+    c = {Phase::launching, State::rolled_back, true};
+  }
+  SECTION("health_checking, waiting for readiness") {
+    gate = &fx.ready_gate;
+    c = {Phase::health_checking, State::rolled_back, true};
+  }
+  CAPTURE(deploy::to_string(c.phase));
+  gate->armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return gate->waiting == 1; }));
+  CHECK(fx.deployer->get(d.id)->phase == c.phase);
+  auto cancelled = fx.deployer->cancel(d.id);
+  REQUIRE(cancelled);
+  CHECK(cancelled->cancel_requested);
+  check_cancelled(fx, fx.wait_end(d.id), c);
+}
+
+TEST_CASE("rolling back cannot be cancelled and brings the old model back") {
+  Fixture fx;
+  fx.boot();
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  std::optional<Result<deploy::Deployment>> refused;
+  fx.on_phase = [&](const nlohmann::json& j) {
+    if (j["phase"] == "rolling_back") refused = fx.deployer->cancel(j["id"].get<std::string>());
+  };
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  REQUIRE(refused);
+  REQUIRE_FALSE(*refused);
+  CHECK(modeld::to_string(refused->error().code) == std::string_view("deployment_ended"));
+  CHECK(refused->error().message == fmt::format("deployment {} is rolling back and cannot be cancelled", d.id));
+  REQUIRE(end.error);
+  CHECK(end.error->code == Errc::health_failed);
+  CHECK(end.error->message == "GET /health answered 503; rolled back: old serves again");
+  CHECK_FALSE(end.cancel_requested);
+  check_old_restored(fx, end);
+  auto ended = fx.deployer->cancel(d.id);
+  REQUIRE_FALSE(ended);
+  CHECK(ended.error().code == Errc::deployment_ended);
+  CHECK(ended.error().message == fmt::format("deployment {} already ended (rolled_back)", d.id));
+}
+
+// ---- resume after a restart ----
+
+TEST_CASE("a deployment interrupted by a restart continues from its recorded phase and ends as an uninterrupted one") {
+  struct ResumeCase {
+    Phase recorded;
+    std::vector<Phase> runs;
+  };
+  const auto c = GENERATE(ResumeCase{Phase::planning, kOrder}, ResumeCase{Phase::freeing_disk, kOrder},
+                          ResumeCase{Phase::downloading, kOrder}, ResumeCase{Phase::verifying, kOrder},
+                          ResumeCase{Phase::stopping_old, kFromStoppingOld},
+                          ResumeCase{Phase::launching, kFromStoppingOld},
+                          ResumeCase{Phase::health_checking, kFromStoppingOld},
+                          ResumeCase{Phase::benchmarking, kFromStoppingOld});
+  CAPTURE(deploy::to_string(c.recorded));
+  Fixture fx;
+  fx.leave_crashed_in(c.recorded);
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  CHECK(phase_list(fx.phases()) == phase_list(c.runs));
+  check_new_serves(fx, end, c.recorded >= Phase::launching);
+  CHECK(fx.deployer->history(10).size() == 1);
+}
+
+TEST_CASE("a deployment interrupted while rolling back finishes the rollback after a restart") {
+  Fixture fx;
+  fx.leave_crashed_in(Phase::rolling_back);
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  CHECK(phase_list(fx.phases()) == "rolling_back");
+  REQUIRE(end.error);
+  CHECK(end.error->code == Errc::health_failed);
+  CHECK(end.error->message == "the new model never answered /health; rolled back: old serves again");
+  check_old_restored(fx, end);
+  CHECK(fx.position("stop " + kNewUnit) < fx.position("start " + kOldUnit));
+}
