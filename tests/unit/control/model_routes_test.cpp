@@ -170,6 +170,8 @@ TEST_CASE("verify lists each problem with its file, tensor and code") {
   CHECK(j["problems"][1]["tensor"] == "w.2");
 }
 
+// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "verify, and rm of the model deployed, during a deployment are refused as deployment_running".
 TEST_CASE("verify while a deployment runs is 409 deployment_running, and of a model not on disk 404") {
   FakeEngine e;
   e.verify_result = make_error(Errc::deployment_running, "deployment d1 of llama is running");
@@ -188,6 +190,8 @@ TEST_CASE("rm answers what it deleted") {
   CHECK(e.asked == std::vector<std::string>{"remove llama"});
 }
 
+// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "rm of the model in service is refused as model_active and deletes nothing".
 TEST_CASE("rm of the active model is 409 model_active naming it") {
   FakeEngine e;
   e.active_model = deploy::Active{"llama", "abc", "modeld-serve@llama.service", 8000, "2026-11-29T19:00:00Z"};
@@ -196,6 +200,8 @@ TEST_CASE("rm of the active model is 409 model_active naming it") {
   CHECK(body_of(r)["error"]["message"].get<std::string>().find("llama") != std::string::npos);
 }
 
+// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "verify, and rm of the model deployed, during a deployment are refused as deployment_running".
 TEST_CASE("rm of a model a running deployment uses is 409 deployment_running, of an unknown one 404") {
   FakeEngine e;
   e.remove_result = make_error(Errc::deployment_running, "deployment d1 of llama is running");

@@ -194,6 +194,8 @@ TEST_CASE("deploying an unknown model is 404 unknown_model") {
   require_error(call(e, "POST", "/v1/deployments", R"({"model": "nope"})"), 404, "unknown_model");
 }
 
+// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "a deploy while another deployment runs is refused as deployment_running naming it and its phase".
 TEST_CASE("deploying while one runs is 409 deployment_running") {
   FakeEngine e;
   e.deployments.push_back(make_deployment("d1", "llama", deploy::State::running));
