@@ -429,7 +429,14 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         if (on_idle_) on_idle_();
         co_return;
       }
-      if (!res) {
+      // A cancel that came as the phase began found nothing to stop yet: it ends the deployment
+      // now. In benchmarking the new model has passed its health check and serves (older
+      // revisions are gone): nothing is undone, only the benchmark is skipped.
+      if (d.cancel_requested && p == Phase::benchmarking) {
+        sys::logf(sys::Level::notice, r.run->fields(), "cancelled while benchmarking: {} serves, benchmark skipped", d.model);
+        break;
+      }
+      if (!res || d.cancel_requested) {
         failure = d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
         break;
       }

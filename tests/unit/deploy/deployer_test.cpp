@@ -629,16 +629,16 @@ void check_cancelled(Fixture& fx, const deploy::Deployment& end, const CancelCas
 
 TEST_CASE("a cancel as a phase begins ends cancelled before stopping_old, rolled back in it and launching") {
   // A cancel that reaches the Deployer as a phase begins (from the phase event's listener) is
-  // seen by drive() once that phase has ended. What the product does now: a phase that then
-  // passes health_checking has recorded the new model active, so nothing is rolled back: the
-  // deployment ends cancelled (health_checking) or succeeded (benchmarking) with "new" serving.
+  // seen by drive() once that phase has ended, and ends the deployment as the contract says:
+  // cancelled before stopping_old, rolled back from it through health_checking; in benchmarking
+  // the new model serves and only the benchmark is skipped (succeeded).
   const auto c = GENERATE(CancelCase{Phase::planning, State::cancelled, true},
                           CancelCase{Phase::freeing_disk, State::cancelled, true},
                           CancelCase{Phase::downloading, State::cancelled, true},
                           CancelCase{Phase::verifying, State::cancelled, true},
                           CancelCase{Phase::stopping_old, State::rolled_back, true},
                           CancelCase{Phase::launching, State::rolled_back, true},
-                          CancelCase{Phase::health_checking, State::cancelled, false},
+                          CancelCase{Phase::health_checking, State::rolled_back, true},
                           CancelCase{Phase::benchmarking, State::succeeded, false});
   CAPTURE(deploy::to_string(c.phase));
   Fixture fx;
