@@ -57,5 +57,5 @@ def wait_for(what: str, condition: Callable[[], T], timeout: float = 30.0, inter
     value, last = _checks(condition, timeout, interval, retry_on)
     if value:
         return value
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}"
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}"
                        + (f" (last: {type(last).__name__}: {last})" if last else "")) from last
