@@ -38,8 +38,18 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(FIXTURES))
 
 from nsystemd import NamespacedSystemd  # noqa: E402
-from waiting import wait_for  # noqa: E402,F401 - re-exported for tests
+from waiting import NotYet, wait_for  # noqa: E402,F401 - re-exported for tests
 import make_checkpoint  # noqa: E402
+
+# What a request to a model server that is starting, restarting or loading can fail with, for
+# `wait_for(..., retry_on=SERVER_STARTING)`: a refused or reset connection, an error status
+# (urllib's HTTPError is an OSError), a dropped answer (http.client.RemoteDisconnected).
+SERVER_STARTING = (OSError, http.client.HTTPException)
+
+
+class ModeldUnreachable(ConnectionError):
+    """modelctl could not reach modeld (its exit status 3): the daemon is starting, restarting or
+    down. A wait across a restart says so with `retry_on=(ModeldUnreachable,)`."""
 
 
 def completion(port: int, model: str, prompt: str = "Hello", max_tokens: int = 4) -> str:
@@ -213,7 +223,10 @@ class ModelctlClient:
         return self.status()["deployment"]
 
     def status(self) -> dict:
+        """`modelctl --json status`; raises ModeldUnreachable when modeld does not answer."""
         r = self.modelctl("--json", "status")
+        if r.returncode == 3:
+            raise ModeldUnreachable(r.stderr.strip())
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 

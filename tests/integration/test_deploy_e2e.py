@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from modeld_env import SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 PHASES = ["planning", "freeing_disk", "downloading", "verifying", "stopping_old", "launching",
@@ -122,7 +122,8 @@ def test_a_daemon_start_starts_the_active_model_if_it_is_not_running(env):
     env.systemd.run(["systemctl", "start", "modeld.service"], check=True)
     wait_for("modeld to start model-b's service again",
              lambda: env.unit_state("modeld-serve@model-b.service") == "active", timeout=60)
-    wait_for("model-b to answer again", lambda: completion(env.ports["model-b"], "model-b"), timeout=60)
+    wait_for("model-b to answer again", lambda: completion(env.ports["model-b"], "model-b"), timeout=60,
+             retry_on=SERVER_STARTING)
 
 
 def test_an_unknown_model_is_refused_with_404(env):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from modeld_env import SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -152,7 +152,8 @@ def test_a_cancel_while_the_old_model_is_stopping_brings_it_back(env):
     assert dep["id"] == dep_id
     assert dep["state"] == "rolled_back", dep
     assert env.status()["active"]["model"] == "stubborn"
-    wait_for("stubborn to answer again", lambda: completion(env.ports["stubborn"], "stubborn"), timeout=60)
+    wait_for("stubborn to answer again", lambda: completion(env.ports["stubborn"], "stubborn"), timeout=60,
+             retry_on=SERVER_STARTING)
 
 
 def test_a_health_answer_that_is_not_utf8_is_quoted_safely_and_rolled_back(env):

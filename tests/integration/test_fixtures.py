@@ -970,7 +970,8 @@ def test_fake_vllm_exits_0_on_sigterm_while_loading(start_vllm, model_dir):
 
 
 def test_fake_vllm_fail_health_and_exit_after(start_vllm, model_dir):
-    p = start_vllm(model_dir, "--fail-health", "--exit-after", "2", "--exit-code", "3")
+    # 5 s: room for the /health request below on a slow host before the server exits.
+    p = start_vllm(model_dir, "--fail-health", "--exit-after", "5", "--exit-code", "3")
     port = vllm_port(p)
     assert fetch(f"http://127.0.0.1:{port}/health")[0] == 503
     assert p.p.wait(30) == 3
@@ -1007,21 +1008,39 @@ def process_state(pid: int) -> str | None:
 
 
 def test_fake_vllm_logs_a_progress_line_every_progress_every_seconds_while_loading(start_vllm, model_dir):
-    p = start_vllm(model_dir, "--load-seconds", "1", "--progress-every", "0.2")
-    vllm_port(p)
-    assert p.stdout().count("Loading weights...") >= 4
+    t0 = time.monotonic()
+    p = start_vllm(model_dir, "--load-seconds", "600", "--progress-every", "0.2")
+    wait_for(lambda: p.stdout().count("Loading weights...") >= 4, 30, "4 progress lines", p.p)
+    took = time.monotonic() - t0
+    # Never more often than every 0.2 s (a slow host only spaces them out), and not listening yet.
+    assert p.stdout().count("Loading weights...") <= took / 0.2 + 2, (took, p.stdout())
+    assert "Uvicorn running" not in p.stdout()
+    assert p.terminate(timeout=10) == 0
 
 
-def test_fake_vllm_generation_after_answers_health_and_models_at_once_and_completions_later(start_vllm, model_dir):
-    p = start_vllm(model_dir, "--generation-after", "1.5")
+def test_fake_vllm_generation_until_answers_health_and_models_at_once_and_completions_later(
+        start_vllm, model_dir, tmp_path):
+    gate = tmp_path / "generate"
+    p = start_vllm(model_dir, "--generation-until", str(gate))
     base = f"http://127.0.0.1:{vllm_port(p)}"
     body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 1}).encode()
     assert fetch(f"{base}/health")[0] == 200
     assert fetch(f"{base}/v1/models")[0] == 200
     status, _, answer = fetch(f"{base}/v1/completions", "POST", {"Content-Type": "application/json"}, body)
     assert status == 503 and b"warming up" in answer
-    wait_for(lambda: fetch(f"{base}/v1/completions", "POST", {"Content-Type": "application/json"}, body)[0] == 200,
-             15, "completions to work", p.p, step=0.1)
+    gate.touch()
+    status, _, answer = fetch(f"{base}/v1/completions", "POST", {"Content-Type": "application/json"}, body)
+    assert status == 200, answer
+
+
+def test_fake_vllm_generation_after_answers_completions_503_until_then(start_vllm, model_dir):
+    # 600 s: the 503 is certain however slow the host; "later" is --generation-until's test.
+    p = start_vllm(model_dir, "--generation-after", "600")
+    base = f"http://127.0.0.1:{vllm_port(p)}"
+    assert fetch(f"{base}/health")[0] == 200
+    body = json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": 1}).encode()
+    status, _, answer = fetch(f"{base}/v1/completions", "POST", {"Content-Type": "application/json"}, body)
+    assert status == 503 and b"--generation-after" in answer
 
 
 def test_fake_vllm_hang_prints_one_loading_line_then_stays_silent_and_never_listens(start_vllm, model_dir):
@@ -1034,7 +1053,8 @@ def test_fake_vllm_hang_prints_one_loading_line_then_stays_silent_and_never_list
 
 
 def test_fake_vllm_die_during_load_prints_load_lines_then_exits_with_the_exit_code(start_vllm, model_dir):
-    p = start_vllm(model_dir, "--die-during-load", "1", "--exit-code", "7", "--progress-every", "0.2")
+    # 2 s of loading: two progress lines 0.2 s apart fit however slow the host.
+    p = start_vllm(model_dir, "--die-during-load", "2", "--exit-code", "7", "--progress-every", "0.2")
     assert p.p.wait(30) == 7
     assert "Loading weights... shard group 2" in p.stdout()
     assert "CUDA error: out of memory while loading weights" in p.stderr()
@@ -1042,7 +1062,8 @@ def test_fake_vllm_die_during_load_prints_load_lines_then_exits_with_the_exit_co
 
 
 def test_fake_vllm_exit_zero_after_ready_becomes_ready_then_exits_0(start_vllm, model_dir):
-    p = start_vllm(model_dir, "--exit-zero-after-ready", "1")
+    # 5 s: room for the /health request below on a slow host before the server exits.
+    p = start_vllm(model_dir, "--exit-zero-after-ready", "5")
     assert fetch(f"http://127.0.0.1:{vllm_port(p)}/health")[0] == 200
     assert p.p.wait(30) == 0
     assert "Exiting on its own" in p.stdout()
@@ -1064,7 +1085,8 @@ def test_fake_vllm_child_ignores_sigterm_outlives_the_main_process(start_vllm, m
 
 
 def test_fake_vllm_hold_port_after_exit_keeps_the_port_bound_after_the_main_process_exits(start_vllm, model_dir):
-    p = start_vllm(model_dir, "--hold-port-after-exit", "2")
+    # 5 s: longer than a slow host takes from the holder's line to the test's bind below.
+    p = start_vllm(model_dir, "--hold-port-after-exit", "5")
     port = vllm_port(p)
 
     def bindable() -> bool:
@@ -1078,7 +1100,7 @@ def test_fake_vllm_hold_port_after_exit_keeps_the_port_bound_after_the_main_proc
                 return False
 
     assert p.terminate() == 0
-    held = wait_for(lambda: re.search(rf"port {port} held by (\d+) for 2 s", p.stdout()), 10, "the holder line")
+    held = wait_for(lambda: re.search(rf"port {port} held by (\d+) for 5 s", p.stdout()), 10, "the holder line")
     holder = int(held.group(1))
     try:
         assert not bindable(), "the port must stay in use after the main process exited"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from modeld_env import BUILD_DIR, SOURCE_DIR, Hub, completion, free_port, model_table, wait_for
+from modeld_env import BUILD_DIR, SOURCE_DIR, Hub, ModeldUnreachable, completion, free_port, model_table, wait_for
 from nsystemd import NamespacedSystemd, unsupported_reason
 
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "fixtures"))
@@ -140,7 +140,10 @@ class PackageEnv:
         return self.run("/usr/bin/modelctl", *args, timeout=timeout)
 
     def status(self) -> dict:
+        """`modelctl --json status`; raises ModeldUnreachable when modeld does not answer."""
         r = self.modelctl("--json", "status")
+        if r.returncode == 3:
+            raise ModeldUnreachable(r.stderr.strip())
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 

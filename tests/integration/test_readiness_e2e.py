@@ -12,13 +12,12 @@ import time
 
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
 STALL = "3s"
-GENERATION_AFTER = 3.0
 
 
 def health_table(name: str, stall: str = STALL) -> str:
@@ -39,10 +38,10 @@ def env(tmp_path_factory):
                 + model_table("slow", "acme/slow", e.ports["slow"], load_seconds=6,
                               serve_args=["--progress-every", "0.5"], startup_timeout="30s",
                               extra=health_table("slow"))
-                # /health and /v1/models at once, completions only 3 s after the start.
+                # /health and /v1/models at once, completions only once the test allows them.
                 + model_table("late", "acme/late", e.ports["late"],
-                              serve_args=["--generation-after", str(GENERATION_AFTER)], startup_timeout="30s",
-                              extra=health_table("late"))
+                              serve_args=["--generation-until", str(work / "late-generates")],
+                              startup_timeout="120s", extra=health_table("late"))
                 # One loading line, then alive and silent for ever, never listening.
                 + model_table("hung", "acme/hung", e.ports["hung"], serve_args=["--hang"],
                               startup_timeout="60s", extra=health_table("hung"))
@@ -89,18 +88,33 @@ def test_a_slow_load_that_logs_progress_succeeds_and_modeld_logs_it_loading(env)
 
 
 def test_a_server_that_generates_only_later_is_ready_only_once_a_completion_works(env):
-    dep = env.deploy_and_wait("late")
+    assert env.modelctl("deploy", "late").returncode == 0
+    dep_id = env.status()["deployment"]["id"]
+    wait_for("late's /v1/models step", lambda: "models" in steps_of(env, dep_id), timeout=120)
+    # /health and /v1/models passed; generation cannot work yet, so it is not ready.
+    dep = env.status()["deployment"]
+    assert dep["state"] == "running" and dep["phase"] == "health_checking", dep
+    assert "ready" not in steps_of(env, dep_id)
+    allowed_at = time.monotonic()
+    (env.workdir / "late-generates").touch()
+    dep = wait_for("late's deployment to end", lambda: (d := env.status()["deployment"])["state"] != "running"
+                   and d, timeout=120)
     assert dep["state"] == "succeeded", dep
-    unit = "modeld-serve@late.service"
-    started_us = env.unit_timestamp(unit, "ExecMainStartTimestampMonotonic")
-    steps = [e for e in step_lines(modeld_lines(env, dep["id"])) if e["MODELD_READINESS_STEP"] != "loading"]
-    assert [e["MODELD_READINESS_STEP"] for e in steps] == [
-        "unit_active", "port", "health", "models", "completion", "ready"]
-    at = {e["MODELD_READINESS_STEP"]: int(e["__MONOTONIC_TIMESTAMP"]) - started_us for e in steps}
-    # /health and /v1/models passed before generation could work; ready only after it did.
-    assert at["models"] < GENERATION_AFTER * 1e6, at
-    assert at["ready"] >= GENERATION_AFTER * 1e6, at
+    steps = steps_of(env, dep_id)
+    assert list(steps) == ["unit_active", "port", "health", "models", "completion", "ready"], steps
+    # Ready only after generation was allowed (the journal's clock is CLOCK_MONOTONIC too).
+    assert steps["ready"] >= allowed_at * 1e6, (steps, allowed_at)
     assert completion(env.ports["late"], "late")
+
+
+def steps_of(env, dep_id: str) -> dict[str, int]:
+    """The deployment's readiness steps other than loading so far: step -> CLOCK_MONOTONIC µs of
+    its first line, in journal order."""
+    steps: dict[str, int] = {}
+    for e in step_lines(modeld_lines(env, dep_id)):
+        if e["MODELD_READINESS_STEP"] != "loading":
+            steps.setdefault(e["MODELD_READINESS_STEP"], int(e["__MONOTONIC_TIMESTAMP"]))
+    return steps
 
 
 def test_a_server_that_hangs_silently_is_rolled_back_well_before_startup_timeout(env):

@@ -11,6 +11,8 @@ or restarting wait for it instead of failing. Without the socket unit the daemon
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import stat
 import subprocess
@@ -90,20 +92,53 @@ def test_a_request_while_modeld_is_stopped_waits_for_systemd_to_start_it(env):
     assert env.main_pid() not in (0, old_pid)
 
 
-def test_requests_during_a_restart_all_get_answers(env):
+@contextlib.contextmanager
+def start_gate(env: ModeldEnv):
+    """Holds modeld.service's next start in ExecStartPre (no daemon runs then) until the test
+    creates the file this yields; the drop-in is removed again afterwards."""
+    gate = env.workdir / "start-gate"
+    gate.unlink(missing_ok=True)
+    dropin = "/run/systemd/system/modeld.service.d/60-start-gate.conf"
+    env.systemd.write_file(dropin, f"[Service]\nExecStartPre=/bin/sh -c "
+                                   f"'while [ ! -e {gate} ]; do sleep 0.05; done'\n")
+    env.systemd.run(["systemctl", "daemon-reload"], check=True)
+    try:
+        yield gate
+    finally:
+        gate.touch()
+        env.systemd.run(["rm", "-f", dropin], check=True)
+        env.systemd.run(["systemctl", "daemon-reload"], check=True)
+
+
+def queued(path) -> int:
+    """Connections waiting in the accept queue of the listening Unix socket at `path` (ss's Recv-Q)."""
+    out = subprocess.run(["ss", "-xlnH"], capture_output=True, text=True, check=True).stdout
+    return sum(int(f[2]) for f in (line.split() for line in out.splitlines()) if len(f) > 4 and f[4] == str(path))
+
+
+def test_requests_while_modeld_restarts_wait_for_it_and_all_get_answers(env):
     old_pid = env.main_pid()
-    env.systemd.run(["systemctl", "restart", "--no-block", "modeld.service"], check=True)
-    answered = 0
-
-    def restarted():
-        nonlocal answered
-        status_ok(env)
-        answered += 1
-        pid = env.main_pid()
-        return pid not in (0, old_pid) and env.unit_state("modeld.service") == "active"
-
-    wait_for("modeld to be restarted", restarted, timeout=60, interval=0)
-    assert answered >= 1
+    with start_gate(env) as gate:
+        env.systemd.run(["systemctl", "restart", "--no-block", "modeld.service"], check=True)
+        wait_for("the restart to wait at the gate with no daemon running", lambda: env.systemd.run(
+            ["systemctl", "show", "-p", "SubState", "--value", "modeld.service"]).stdout.strip() == "start-pre",
+            timeout=60)
+        assert env.main_pid() == 0
+        clients = [subprocess.Popen([str(env.modelctl_bin), "--socket", str(env.socket), "--json", "status"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        try:
+            # Sent while no daemon runs: systemd's socket holds them until the new daemon accepts.
+            wait_for("the 3 requests to wait on the socket", lambda: queued(env.socket) >= 3, timeout=30)
+            gate.touch()
+            answers = [(c.communicate(timeout=60), c.returncode) for c in clients]
+        finally:
+            for c in clients:
+                if c.poll() is None:
+                    c.kill()
+    for (out, err), rc in answers:
+        assert rc == 0, f"status: exit {rc}\n{out}{err}"
+        assert json.loads(out)["active"]["model"] == "model-a", out
+    assert env.main_pid() not in (0, old_pid) and env.unit_state("modeld.service") == "active"
     # Two daemon starts so far, each announcing the socket it took.
     assert len(activation_lines(env)) >= 3
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from modeld_env import SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -119,7 +119,7 @@ def test_a_server_that_exits_0_after_becoming_ready_is_restarted_by_the_watchdog
              ("", first_invocation), timeout=30)
     assert unit_property(env, unit, "ActiveEnterTimestampMonotonic") != first_entered
     wait_for("quitter to answer a completion again", lambda: completion(env.ports["quitter"], "quitter"),
-             timeout=60, interval=0.05)
+             timeout=60, interval=0.05, retry_on=SERVER_STARTING)
 
     restart = env.systemd.wait_journal(lambda e: e.get("MESSAGE_ID") == RESTART_MESSAGE_ID,
                                        matches=["SYSLOG_IDENTIFIER=modeld", "MODELD_MODEL=quitter"])
@@ -156,7 +156,8 @@ def test_failed_probes_in_a_row_get_a_live_server_restarted(env):
     assert "500" in w["last_restart_reason"] and "EngineDeadError" in w["last_restart_reason"], w
     wait_for("a new invocation of the unit", lambda: unit_property(env, unit, "InvocationID") not in
              ("", first_invocation), timeout=30)
-    wait_for("wedged to answer a completion again", lambda: completion(env.ports["wedged"], "wedged"), timeout=60)
+    wait_for("wedged to answer a completion again", lambda: completion(env.ports["wedged"], "wedged"), timeout=60,
+             retry_on=SERVER_STARTING)
 
     text = env.metrics()
     check_exposition(text)
@@ -203,7 +204,8 @@ def test_the_model_in_service_is_still_watched_while_the_next_one_downloads(env)
                       lambda: (s := env.status())["watchdog"]["restarts"] > restarts and s, timeout=60)
         assert st["deployment"]["model"] == "next" and st["deployment"]["state"] == "running"
         assert st["deployment"]["phase"] in ("downloading", "verifying"), st["deployment"]
-        wait_for("steady to answer again", lambda: completion(env.ports["steady"], "steady"), timeout=60)
+        wait_for("steady to answer again", lambda: completion(env.ports["steady"], "steady"), timeout=60,
+                 retry_on=SERVER_STARTING)
     finally:
         env.hub_control.write_text("{}")
     dep = wait_for("the deployment of next to end",
