@@ -100,7 +100,11 @@ boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config
   options.on_output_unreadable = [&](const std::string& why) {
     sys::logf(sys::Level::warning, fields, "{}; treating {} as loading while it is alive, ignoring", why, unit);
   };
-  co_return co_await health::wait_ready(s.local_client, s.units, unit, *target, options);
+  auto ready = co_await health::wait_ready(s.local_client, s.units, unit, *target, options);
+  if (ready || options.output) co_return ready;
+  Error e = ready.error();
+  e.message += "; its output went to modeld's own standard output (no journald on this host)";
+  co_return e;
 }
 
 }  // namespace
