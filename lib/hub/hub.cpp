@@ -461,8 +461,16 @@ Error Hub::error_from_response(const http::ResponseHead& head, std::string_view 
   std::string message = fmt::format("{}: HTTP {}", what, head.status);
   if (code) message += fmt::format(" {}", excerpt(*code, 40));
   if (text) message += fmt::format(": {}", excerpt(*text, 300));
-  // The Hub answers 401 also for a private or missing repository when no token was sent.
-  if (head.status == 401) message += " (a token with access to the repository may be needed)";
+  // The Hub answers 401 to a token it does not accept (wrong, expired, revoked), saying so in
+  // X-Error-Message, and also for a private or missing repository when no token was sent.
+  if (head.status == 401 && text && text->find("Invalid credentials") != std::string::npos)
+    message += " (the Hub refused the token modeld sent: it is wrong, expired or revoked; put a valid token in "
+               "[hub] token_file, the hf-token credential or $HF_TOKEN and restart modeld)";
+  else if (head.status == 401)
+    message += " (a token with access to the repository may be needed)";
+  else if (head.status == 403)
+    message += " (the token is valid but has no access to this repository: request access on the repository's "
+               "Hub page, or use a token that has it)";
   return make_error(errc, std::move(message));
 }
 

@@ -143,6 +143,7 @@ class Hub:
             stdout=self.log, stderr=subprocess.STDOUT)
         ports = wait_for("the hub's ready file", self._ports, timeout=120)
         self.port, self.cdn_port = ports["hub_port"], ports["cdn_port"]
+        self.cdn_host = ports.get("cdn_host", "127.0.0.1")  # --cdn-host, where Location points
         self.tls = "--tls-cert" in (extra_args or [])
         self.endpoint = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 

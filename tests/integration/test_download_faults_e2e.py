@@ -29,7 +29,7 @@ SLACK = 64 * 1024  # bytes: a few blocks in flight when a connection drops
 
 
 MODELS = ["base", "cut", "chunked", "reset", "stall", "noanswer", "s408", "s429", "s429date", "s500",
-          "s502", "s503", "s504", "down", "complete", "r416", "html", "pointer", "resume"]
+          "s502", "s503", "s504", "down", "complete", "r416", "html", "pointer", "resume", "holes"]
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +237,29 @@ def test_a_partial_that_is_already_complete_is_not_downloaded_again(env):
     assert len(downloads(env, "complete", shards(env, "complete")[1])) == 1
     assert env.hub.stats()["by_path"].get(f"acme/complete/{shard}", 0) == 0
     assert_served_files_match(env, "complete")
+
+
+def test_a_partial_with_a_hole_is_resumed_by_its_recorded_ranges_not_its_length(env):
+    # The partial is as long as the file, but its sidecar (same boot: "ranges" trusted) records
+    # only the first and the last third: the middle third is a hole of zeros on disk, which only
+    # the recorded ranges tell from written bytes.
+    shard = shards(env, "holes")[0]
+    whole = (env.repos / "acme" / "holes" / shard).read_bytes()
+    a, b = len(whole) // 3, 2 * len(whole) // 3
+    part = seed_partial(env, "holes", shard, whole[:a] + bytes(b - a) + whole[b:])
+    sidecar = part.with_name(part.name + ".json")
+    record = json.loads(sidecar.read_text())
+    record.update(boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                  ranges=[[0, a], [b, len(whole)]], synced=[[0, a], [b, len(whole)]])
+    sidecar.write_text(json.dumps(record) + "\n")
+    dep, _ = deploy_under(env, "holes")
+    assert dep["state"] == "succeeded", dep
+    assert_served_files_match(env, "holes")
+    reqs = downloads(env, "holes", shard)
+    # Only the hole was asked for, once, and only about its bytes crossed the wire.
+    assert len(reqs) == 1 and (reqs[0]["range"] or "").startswith(f"bytes={a}-"), reqs
+    sent = env.hub.stats()["by_path"].get(f"acme/holes/{shard}", 0)
+    assert b - a <= sent <= b - a + SLACK, (sent, b - a)
 
 
 def test_a_416_to_a_resumed_file_restarts_it_once(env):

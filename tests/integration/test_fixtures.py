@@ -133,6 +133,7 @@ class Hub:
     def __init__(self, proc: Proc, ports: dict, log: Path):
         self.proc, self.log = proc, log
         self.hub_port, self.cdn_port = ports["hub_port"], ports["cdn_port"]
+        self.ports = ports
         self.url = f"http://127.0.0.1:{self.hub_port}"
 
     def records(self) -> list[dict]:
@@ -297,6 +298,7 @@ def test_the_commit_changes_when_a_file_changes_and_extra_refs_resolve(hub, repo
         return json.loads(body)["sha"]
     before = commit()
     assert commit() == before
+    # Rewritten in place (same inode, another size): the old commit's bytes are gone.
     (repos / REPO / "sub" / "notes.txt").write_text("other notes\n")
     after = commit()
     assert after != before
@@ -434,8 +436,11 @@ def test_a_token_is_required_on_the_hub_and_never_asked_by_the_cdn(start_hub):
     url = f"{hub.url}/{REPO}/resolve/main/model-00001-of-00003.safetensors"
     st, h, _ = fetch(url)
     assert st == 401 and h["X-Error-Code"] == "GatedRepo"
-    st, h, _ = fetch(url, headers={"Authorization": "Bearer wrong"})
-    assert st == 403 and h["X-Error-Code"] == "GatedRepo"
+    st, h, body = fetch(url, headers={"Authorization": "Bearer wrong"})
+    # A token the Hub does not know is refused with 401, before the repository is looked at.
+    assert st == 401 and "X-Error-Code" not in h
+    assert h["X-Error-Message"] == "Invalid credentials in Authorization header"
+    assert json.loads(body)["error"] == "Invalid credentials in Authorization header"
     st, h, _ = fetch(f"{hub.url}/api/models/{REPO}/revision/main")
     assert st == 401 and h["X-Error-Code"] == "GatedRepo"
     good = {"Authorization": "Bearer hf_secret"}
@@ -460,6 +465,135 @@ def test_a_token_is_required_on_the_hub_and_never_asked_by_the_cdn(start_hub):
 
 
 # --- hub_server: faults ------------------------------------------------------------------------
+
+def test_a_wrong_token_gets_401_and_a_valid_token_without_access_gets_403(start_hub):
+    hub = start_hub("--token", "hf_secret", "--token-no-access", "hf_other")
+    wrong, other = {"Authorization": "Bearer hf_wrong"}, {"Authorization": "Bearer hf_other"}
+    for url in (f"{hub.url}/api/models/{REPO}/revision/main", f"{hub.url}/{REPO}/resolve/main/config.json",
+                f"{hub.url}/api/models/{REPO}/tree/main", f"{hub.url}/nobody/nothing/resolve/main/x"):
+        st, h, _ = fetch(url, headers=wrong)
+        assert st == 401 and h["X-Error-Message"] == "Invalid credentials in Authorization header", url
+        assert "X-Error-Code" not in h, url
+    st, h, _ = fetch(f"{hub.url}/api/models/{REPO}/revision/main", headers=other)
+    assert st == 403 and h["X-Error-Code"] == "GatedRepo"
+    st, h, _ = fetch(f"{hub.url}/{REPO}/resolve/main/config.json", headers=other)
+    assert st == 403 and h["X-Error-Code"] == "GatedRepo"
+    st, h, _ = fetch(f"{hub.url}/nobody/nothing/resolve/main/x", headers=other)
+    assert st == 404 and h["X-Error-Code"] == "RepoNotFound"
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/config.json",
+                 headers={"Authorization": "Bearer hf_secret"})[0] == 200
+
+
+def test_old_commits_stay_served_after_a_push_that_replaces_files(hub, repos):
+    def info(rev: str):
+        st, _, body = fetch(f"{hub.url}/api/models/{REPO}/revision/{rev}?blobs=true")
+        assert st == 200, body
+        return json.loads(body)
+    shard = "model-00002-of-00003.safetensors"
+    old_shard, old_config = (repos / REPO / shard).read_bytes(), (repos / REPO / "config.json").read_bytes()
+    old = info("main")["sha"]
+    # The push: another checkpoint (every shard and config.json change), written by renames.
+    make_checkpoint(repos / REPO, shards=SHARDS, shard_size=SHARD_SIZE, seed=8, name=REPO)
+    new_info = info("main")
+    new = new_info["sha"]
+    assert new != old and (repos / REPO / shard).read_bytes() != old_shard
+    old_info = info(old)
+    assert old_info["sha"] == old
+    sizes = {x["rfilename"]: x["size"] for x in old_info["siblings"]}
+    assert sizes[shard] == len(old_shard)
+    lfs = {x["rfilename"]: x["lfs"]["sha256"] for x in old_info["siblings"] if "lfs" in x}
+    assert lfs[shard] == hashlib.sha256(old_shard).hexdigest()
+    assert lfs[shard] != {x["rfilename"]: x.get("lfs", {}).get("sha256")
+                          for x in new_info["siblings"]}[shard]
+    # Resolve at the old commit: the old bytes, plain and LFS (through the CDN); main: the new.
+    st, h, body = fetch(f"{hub.url}/{REPO}/resolve/{old}/config.json")
+    assert st == 200 and body == old_config and h["X-Repo-Commit"] == old
+    st, h, _ = fetch(f"{hub.url}/{REPO}/resolve/{old}/{shard}")
+    assert st == 302 and h["X-Repo-Commit"] == old
+    st, _, body = fetch(h["Location"], headers={"Range": "bytes=100-"})
+    assert st == 206 and body == old_shard[100:]
+    st, h, _ = fetch(f"{hub.url}/{REPO}/resolve/main/{shard}")
+    assert st == 302 and h["X-Repo-Commit"] == new
+    assert fetch(h["Location"])[2] == (repos / REPO / shard).read_bytes()
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/tree/{old}?recursive=true")  # one page of 4
+    page = [x for x in json.loads(body) if x["type"] == "file"]
+    assert st == 200 and page and all(sizes[x["path"]] == x["size"] for x in page)
+    # The hard links live in a dot folder beside the repositories, never listed as one.
+    objects = [d for d in repos.iterdir() if d.name.startswith(".hub-objects-")]
+    assert len(objects) == 1 and any(objects[0].iterdir())
+    assert fetch(f"{hub.url}/api/models/.hub-objects/x")[0] in (401, 404)
+    # A file of the old commit that is gone for good (no link left) ends the old commit.
+    for f in objects[0].iterdir():
+        if f.stat().st_size == len(old_shard) and f.read_bytes() == old_shard:
+            f.unlink()
+    st, h, _ = fetch(f"{hub.url}/api/models/{REPO}/revision/{old}")
+    assert st == 404 and h["X-Error-Code"] == "RevisionNotFound"
+
+
+def test_the_object_folder_is_removed_when_the_hub_exits(start_hub, repos):
+    hub = start_hub()
+    assert [d for d in repos.iterdir() if d.name.startswith(".hub-objects-")]
+    assert hub.proc.terminate() == 0
+    assert not [d for d in repos.iterdir() if d.name.startswith(".hub-objects-")]
+
+
+def test_cdn_host_puts_the_cdn_on_another_loopback_host(start_hub, repos):
+    hub = start_hub("--cdn-host", "127.0.0.2", "--token", "hf_secret")
+    assert hub.ports["cdn_host"] == "127.0.0.2"
+    name = "model-00001-of-00003.safetensors"
+    st, h, _ = fetch(f"{hub.url}/{REPO}/resolve/main/{name}", headers={"Authorization": "Bearer hf_secret"})
+    assert st == 302
+    loc = urllib.parse.urlsplit(h["Location"])
+    assert loc.hostname == "127.0.0.2" and loc.port == hub.cdn_port
+    st, _, body = fetch(h["Location"])
+    assert st == 200 and body == (repos / REPO / name).read_bytes()
+    # The CDN listens on 127.0.0.2 only; the Hub on 127.0.0.1 only.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", hub.cdn_port), timeout=10).close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", hub.hub_port), timeout=10).close()
+    cdn = [r for r in hub.records() if r["origin"] == "cdn"]
+    assert len(cdn) == 1 and not cdn[0]["authorization_present"]
+    assert cdn[0]["file"] == f"{REPO}/{name}"
+
+
+def test_resolve_fail_first_faults_the_resolve_route_not_the_cdn(start_hub, repos):
+    hub = start_hub("--resolve-fail-first", "2", "--resolve-fail-glob", "*.safetensors",
+                    "--retry-after", "1")
+    name = "model-00003-of-00003.safetensors"
+    url = f"{hub.url}/{REPO}/resolve/main/{name}"
+    st, h, _ = fetch(url, method="HEAD")
+    assert st == 302  # HEAD is never faulted, nor counted
+    for _ in range(2):
+        st, h, body = fetch(url)
+        assert st == 502 and h["Retry-After"] == "1" and "Injected resolve failure" in json.loads(body)["error"]
+    st, h, _ = fetch(url)
+    assert st == 302
+    st, _, body = fetch(h["Location"])  # the CDN is never faulted by it
+    assert st == 200 and body == (repos / REPO / name).read_bytes()
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/config.json")[0] == 200  # not matched
+    # Each matched file has its own count.
+    assert fetch(f"{hub.url}/{REPO}/resolve/main/model-00001-of-00003.safetensors")[0] == 502
+
+
+def test_resolve_fail_status_reset_resets_the_connection_without_an_answer(start_hub, tmp_path, repos):
+    control = tmp_path / "faults.json"
+    hub = start_hub("--control", control)
+    path = f"/{REPO}/resolve/main/config.json"
+    tmp = tmp_path / "faults.tmp"
+    tmp.write_text(json.dumps({"resolve_fail_first": 1, "resolve_fail_glob": "config.json",
+                               "resolve_fail_status": "reset"}))
+    os.replace(tmp, control)
+    raw, err = read_until_closed(raw_get(hub.hub_port, path))
+    assert raw == b"" and isinstance(err, ConnectionResetError), (raw, err)
+    st, _, body = fetch(f"{hub.url}{path}")
+    assert st == 200 and body == (repos / REPO / "config.json").read_bytes()
+    # A change of the control file starts the count again; 503 through it too.
+    tmp.write_text(json.dumps({"resolve_fail_first": 1, "resolve_fail_status": 503}))
+    os.replace(tmp, control)
+    assert fetch(f"{hub.url}{path}")[0] == 503
+    assert fetch(f"{hub.url}{path}")[0] == 200
+
 
 def test_fail_first_answers_503_with_retry_after_then_the_file(start_hub, repos):
     hub = start_hub("--fail-first", "2", "--fail-glob", "*.json")
@@ -944,6 +1078,73 @@ def test_fake_vllm_serves_a_good_checkpoint(start_vllm, model_dir):
     assert "Loading safetensors checkpoint shards" in out and '"GET /health HTTP/1.1" 200' in out
     assert "ignoring vLLM options" in out
     assert p.terminate(timeout=10) == 0
+
+
+def stream_times(url: str, max_tokens: int) -> tuple[float, list[float]]:
+    """Streams a completion; returns (time to the first token event, times of every token event
+    after the request was sent), read as the events arrive."""
+    conn = http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=60)
+    try:
+        t0 = time.monotonic()
+        conn.request("POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": "Hi", "max_tokens": max_tokens,
+                                                            "stream": True}),
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200
+        times = []
+        while True:
+            line = r.fp.readline()  # the raw chunked stream: chunk sizes, then event lines
+            if not line or line.startswith(b"data: [DONE]"):
+                break
+            if line.startswith(b"data: {"):
+                times.append(time.monotonic() - t0)
+        return times[0], times
+    finally:
+        conn.close()
+
+
+def test_fake_vllm_token_seconds_spaces_every_token_and_stays_alive(start_vllm, model_dir):
+    p = start_vllm(model_dir, "--token-seconds", "0.2")
+    base = f"http://127.0.0.1:{vllm_port(p)}"
+    first, times = stream_times(base, 5)
+    assert len(times) == 5
+    # Each token takes at least 0.2 s: the first after 0.2 s, 5 after 1 s (lower bounds only).
+    assert first >= 0.2 and times[-1] >= 1.0
+    assert all(b - a >= 0.15 for a, b in zip(times, times[1:])), times
+    # Not streamed: the whole answer after max_tokens * S; /health answers meanwhile.
+    t0 = time.monotonic()
+    st, _, body = post(f"{base}/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 3})
+    assert st == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+    assert time.monotonic() - t0 >= 0.6
+
+
+def test_fake_vllm_token_seconds_file_changes_the_pace_of_a_running_server(start_vllm, model_dir, tmp_path):
+    pace = tmp_path / "pace"
+    p = start_vllm(model_dir, "--token-seconds-file", pace)
+    base = f"http://127.0.0.1:{vllm_port(p)}"
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 1}
+    t0 = time.monotonic()
+    assert post(f"{base}/v1/completions", body)[0] == 200
+    fast = time.monotonic() - t0
+    (tmp_path / "pace.tmp").write_text("1.5\n")
+    os.replace(tmp_path / "pace.tmp", pace)
+    import threading
+    done = {}
+
+    def slow():
+        t = time.monotonic()
+        done["status"] = post(f"{base}/v1/completions", body)[0]
+        done["seconds"] = time.monotonic() - t
+    th = threading.Thread(target=slow)
+    th.start()
+    # Slow but alive: while the completion takes its 1.5 s, /health and /v1/models answer.
+    assert fetch(f"{base}/health")[0] == 200 and fetch(f"{base}/v1/models")[0] == 200
+    th.join(60)
+    assert done["status"] == 200 and done["seconds"] >= 1.5, (done, fast)
+    pace.unlink()
+    t0 = time.monotonic()
+    assert post(f"{base}/v1/completions", body)[0] == 200
+    assert time.monotonic() - t0 < 1.5  # back to full speed (an upper bound: S itself)
 
 
 def test_fake_vllm_api_key_guards_v1_but_not_health(start_vllm, model_dir):

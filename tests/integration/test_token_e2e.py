@@ -46,11 +46,17 @@ def test_the_token_reaches_the_hub_and_nothing_else(tmp_path):
         env.stop()
 
 
-def test_a_wrong_token_fails_the_plan_with_a_clear_error_that_does_not_quote_it(tmp_path):
+@pytest.mark.parametrize("token, status, advice", [
+    # A token the Hub does not know (wrong, expired, revoked): 401, as the Hub answers it.
+    ("hf_wrongWrongWrong", "HTTP 401", "refused the token modeld sent"),
+    # A valid token without access to the gated repository: 403 GatedRepo.
+    ("hf_validButNoAccess", "HTTP 403 GatedRepo", "has no access to this repository"),
+])
+def test_a_refused_token_fails_the_plan_with_a_clear_error_that_does_not_quote_it(tmp_path, token, status, advice):
     token_file = tmp_path / "hf-token"
-    token_file.write_text("hf_wrongWrongWrong\n")
+    token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    env = ModeldEnv(workdir=tmp_path / "env", hub_args=["--token", TOKEN],
+    env = ModeldEnv(workdir=tmp_path / "env", hub_args=["--token", TOKEN, "--token-no-access", "hf_validButNoAccess"],
                     config_extra=f'token_file = "{token_file}"')
     env.add_repo("acme/gated", shards=1, shard_size=100_000, seed=22)
     try:
@@ -60,9 +66,15 @@ def test_a_wrong_token_fails_the_plan_with_a_clear_error_that_does_not_quote_it(
         dep = env.status()["deployment"]
         assert dep["state"] == "failed" and dep["phase"] == "planning"
         assert dep["error"]["code"] == "hub_unauthorized"
-        assert "acme/gated" in dep["error"]["message"]
-        assert "hf_wrongWrongWrong" not in dep["error"]["message"]
+        message = dep["error"]["message"]
+        assert "acme/gated" in message and status in message, message
+        # The message says what to do about it, and never quotes the token.
+        assert advice in message, message
+        if status == "HTTP 401":
+            assert "token_file" in message and "restart modeld" in message, message
+        assert token not in message and token not in r.stdout + r.stderr
         assert env.status()["active"] is None
+        assert [x["authorization"] for x in env.hub.requests() if x["origin"] == "hub"][:1] == [f"Bearer {token}"]
     finally:
         env.stop()
 

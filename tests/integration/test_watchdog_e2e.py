@@ -1,11 +1,14 @@
 """End to end, after a deployment succeeded: the watchdog restarts a server that exits 0 on its
 own, and one whose completions keep failing while its process lives on, and goes on doing so
-while the next deployment downloads; the benchmark phase records its figures in the deployment
-and in /metrics."""
+while the next deployment downloads; it leaves a slow but alive server alone while its probe
+answers within the probe's timeout (30 s per read, health::Target::request_timeout) and restarts
+it once a probe exceeds that; the benchmark phase measures a server of known pace (fake_vllm
+--token-seconds) and records its figures in the deployment and in /metrics."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +21,9 @@ from nsystemd import unsupported_reason
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
 RESTART_MESSAGE_ID = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f75"
+BENCH_PACE = 0.1     # seconds per token of bench's server
+BENCH_TOKENS = 21    # the benchmark's max_tokens: the first token, then 20 decoded ones
+PROBE_TIMEOUT = 30   # seconds: health::Target::request_timeout, the probe's limit per read
 
 
 def health_table(name: str, interval: str = "1s", failures: int = 3) -> str:
@@ -39,7 +45,11 @@ def env(tmp_path_factory):
     e.add_repo("acme/bench", shards=1, shard_size=100_000, seed=33)
     e.add_repo("acme/steady", shards=1, shard_size=100_000, seed=34)
     e.add_repo("acme/next", shards=3, shard_size=400_000, seed=35)
-    e.ports = {n: free_port() for n in ("quitter", "wedged", "bench", "steady", "next")}
+    e.add_repo("acme/slow", shards=1, shard_size=100_000, seed=36)
+    e.ports = {n: free_port() for n in ("quitter", "wedged", "bench", "steady", "next", "slow")}
+    # The pace of slow's server, seconds per token, while this file exists (fake_vllm
+    # --token-seconds-file): absent, it answers at full speed.
+    e.slow_pace = work / "slow-pace"
     e.tables = (
         # Ready, then exits 0 two seconds after it started listening, every time it is started.
         model_table("quitter", "acme/quitter", e.ports["quitter"], serve_args=["--exit-zero-after-ready", "2"])
@@ -47,15 +57,18 @@ def env(tmp_path_factory):
         # Ready, then every completion answers 500 from 6 s after listening; /health stays 200.
         + model_table("wedged", "acme/wedged", e.ports["wedged"], serve_args=["--fail-completions-after", "6"])
         + health_table("wedged", failures=3)
-        # 10 ms per generated token.
         + model_table("steady", "acme/steady", e.ports["steady"]) + health_table("steady")
         + model_table("next", "acme/next", e.ports["next"])
-        + model_table("bench", "acme/bench", e.ports["bench"], serve_args=["--token-seconds", "0.01"])
-        + """
+        # Every token takes BENCH_PACE seconds.
+        + model_table("bench", "acme/bench", e.ports["bench"], serve_args=["--token-seconds", str(BENCH_PACE)])
+        + f"""
 [models.bench.benchmark]
 enabled = true
-max_tokens = 16
-""")
+max_tokens = {BENCH_TOKENS}
+"""
+        # As slow as the test makes it; one failed probe is enough for a restart.
+        + model_table("slow", "acme/slow", e.ports["slow"], serve_args=["--token-seconds-file", str(e.slow_pace)])
+        + health_table("slow", failures=1))
     try:
         e.start(e.tables)
         yield e
@@ -175,9 +188,15 @@ def test_the_benchmark_phase_records_its_figures_in_the_deployment_and_the_metri
     assert dep["state"] == "succeeded", dep
     b = dep["benchmark"]
     assert b is not None, dep
-    # 16 tokens, 10 ms each: the first after >= 10 ms, then at most 100 tokens/s.
-    assert 0.01 <= b["ttft_s"] < 5, b
-    assert 0 < b["decode_tokens_per_s"] <= 110, b
+    # The server sends each token BENCH_PACE s after the one before, the first BENCH_PACE s after
+    # the request: the first token can come no sooner than that.
+    assert BENCH_PACE <= b["ttft_s"] < 30, b
+    # 20 tokens decoded in 20 * BENCH_PACE s: 1/BENCH_PACE = 10 tokens/s. The server cannot be
+    # faster; the bound above allows the first token's arrival to be read up to 0.6 s late (a busy
+    # host), and one that counted events or bytes wrongly (two per token, say) lands above it.
+    # Below: within a generous factor of 10 (each token up to 1 s).
+    rate = b["decode_tokens_per_s"]
+    assert 1 / (10 * BENCH_PACE) <= rate <= 1.5 / BENCH_PACE, b
     text = env.metrics()
     check_exposition(text)
     assert sample(text, "modeld_benchmark_ttft_seconds", "bench") == pytest.approx(b["ttft_s"])
@@ -213,3 +232,70 @@ def test_the_model_in_service_is_still_watched_while_the_next_one_downloads(env)
     assert dep["state"] == "succeeded", dep
     assert env.status()["active"]["model"] == "next"
     assert env.unit_state("modeld-serve@steady.service") in ("inactive", "failed")
+
+
+# --- a slow but alive server ---------------------------------------------------------------------
+
+def set_pace(env, seconds: float | None) -> None:
+    """Seconds per token of slow's server from its next completion on (None: full speed)."""
+    if seconds is None:
+        env.slow_pace.unlink(missing_ok=True)
+        return
+    tmp = env.slow_pace.with_suffix(".tmp")
+    tmp.write_text(f"{seconds}\n")
+    os.replace(tmp, env.slow_pace)
+
+
+def test_a_slow_server_whose_probe_ends_within_its_timeout_is_not_restarted(env):
+    unit = "modeld-serve@slow.service"
+    set_pace(env, None)
+    dep = env.deploy_and_wait("slow")
+    assert dep["state"] == "succeeded", dep
+    wait_for("the watchdog to watch slow", lambda: (w := env.status()["watchdog"] or {}).get("model") == "slow"
+             and w["state"] == "watching", timeout=30)
+    invocation = unit_property(env, unit, "InvocationID")
+    restarts = env.status()["watchdog"]["restarts"]
+    # Each probe's max_tokens=1 completion now takes 2 s, far within the probe's 30 s: slow, alive.
+    set_pace(env, 2)
+    seen: set[str] = set()
+
+    def slow_probes():
+        w = env.status()["watchdog"]
+        assert w["restarts"] == restarts and w["consecutive_failures"] == 0, w
+        if w["last_probe_ok"] and (w["last_probe_seconds"] or 0) >= 2:
+            seen.add(w["last_probe_at"])
+        return len(seen) >= 3 or None
+    try:
+        wait_for("three slow probes that succeeded", slow_probes, timeout=90, interval=0.2)
+    finally:
+        set_pace(env, None)
+    w = env.status()["watchdog"]
+    assert w["restarts"] == restarts and w["state"] == "watching", w
+    assert unit_property(env, unit, "InvocationID") == invocation
+    assert env.unit_state(unit) == "active"
+    assert not env.journal("SYSLOG_IDENTIFIER=modeld", "MODELD_MODEL=slow", f"MESSAGE_ID={RESTART_MESSAGE_ID}")
+
+
+def test_a_server_whose_probe_exceeds_its_timeout_is_restarted(env):
+    unit = "modeld-serve@slow.service"
+    if (env.status()["active"] or {}).get("model") != "slow":
+        assert env.deploy_and_wait("slow")["state"] == "succeeded"
+    wait_for("the watchdog to watch slow", lambda: (w := env.status()["watchdog"] or {}).get("model") == "slow"
+             and w["state"] == "watching", timeout=30)
+    invocation = unit_property(env, unit, "InvocationID")
+    restarts = env.status()["watchdog"]["restarts"]
+    # A max_tokens=1 completion now takes longer than the probe waits for an answer.
+    set_pace(env, PROBE_TIMEOUT + 30)
+    try:
+        w = wait_for("a probe that timed out", lambda: (s := env.status()["watchdog"])["last_probe_ok"] is False
+                     and s, timeout=PROBE_TIMEOUT + 60, interval=0.1)
+    finally:
+        set_pace(env, None)  # the restarted server answers at full speed again
+    assert w["last_probe_seconds"] >= PROBE_TIMEOUT - 1, w
+    w = wait_for("the restart after one failed probe",
+                 lambda: (s := env.status()["watchdog"])["restarts"] > restarts and s, timeout=60)
+    assert w["last_restart_reason"].startswith("1 probe in a row failed"), w
+    assert "tim" in w["last_restart_reason"].lower(), w  # timeout / timed out
+    wait_for("a new invocation of the unit", lambda: unit_property(env, unit, "InvocationID") not in
+             ("", invocation), timeout=60)
+    wait_for("slow to answer a completion again", lambda: completion(env.ports["slow"], "slow"), timeout=120)

@@ -242,6 +242,21 @@ TEST_CASE("Hub answers map to error codes") {
   CHECK(e.message == "downloading f.bin: HTTP 404 EntryNotFound: no file");
 }
 
+TEST_CASE("a refused token and a token without access are told apart and say what to do") {
+  using hub::Hub;
+  auto refused = Hub::error_from_response(
+      head(401, {{"X-Error-Message", "Invalid credentials in Authorization header"}}), "listing org/name");
+  CHECK(refused.code == Errc::hub_unauthorized);
+  CHECK(refused.message.find("HTTP 401") != std::string::npos);
+  CHECK(refused.message.find("refused the token") != std::string::npos);
+  CHECK(refused.message.find("token_file") != std::string::npos);
+  auto anonymous = Hub::error_from_response(head(401, {{"X-Error-Code", "GatedRepo"}}), "listing org/name");
+  CHECK(anonymous.message.find("a token with access to the repository may be needed") != std::string::npos);
+  auto no_access = Hub::error_from_response(head(403, {{"X-Error-Code", "GatedRepo"}}), "listing org/name");
+  CHECK(no_access.code == Errc::hub_unauthorized);
+  CHECK(no_access.message.find("has no access") != std::string::npos);
+}
+
 TEST_CASE("a resolve URL percent-encodes path segments and keeps slashes") {
   asio::io_context ioc;
   http::Client client(ioc.get_executor(), {});
