@@ -113,7 +113,8 @@ def restart_modeld_after_kill(env: ModeldEnv) -> None:
     """kill -9 of modeld (env.kill_modeld), then a start without waiting for RestartSec=; waits
     until the new modeld answers."""
     before = env.main_pid()
-    env.kill_modeld("KILL")
+    if before:
+        env.kill_modeld("KILL")
     # restart (not start): a start job waits for the auto-restart's holdoff, a restart does not.
     env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
     wait_for("modeld to answer after the kill", lambda: env.main_pid() not in (0, before)
