@@ -19,6 +19,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include <sys/stat.h>
 
 namespace modeld::deploy {
@@ -288,8 +290,8 @@ void Deployer::shutdown(std::function<void()> done) {
   running_->cancel.emit(asio::cancellation_type::terminal);
 }
 
-std::string Deployer::new_id(const std::string& model) const {
-  std::string base = fmt::format("{}-{}", util::compact_utc_stamp(std::chrono::system_clock::now()), model);
+std::string Deployer::new_id(const std::string& model, std::chrono::system_clock::time_point now) const {
+  std::string base = fmt::format("{}-{}", util::compact_utc_stamp(now), model);
   std::string id = base;
   for (int n = 2; get(id); ++n) id = fmt::format("{}-{}", base, n);
   return id;
@@ -311,10 +313,12 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
                       fmt::format("a {} of model {} is in progress; deploy when it has ended", busy_.begin()->second,
                                   busy_.begin()->first));
   Deployment d;
-  d.id = new_id(model);
+  const auto now = std::chrono::system_clock::now();
+  d.id = new_id(model, now);
   d.model = model;
   d.allow_downtime = allow_downtime;
-  d.started_at = util::rfc3339(std::chrono::system_clock::now());
+  d.started_at = util::rfc3339(now);
+  d.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   if (state_.active) {
     d.previous_model = state_.active->model;
     d.previous_commit = state_.active->commit;
@@ -473,7 +477,14 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
       finish(r, failure->code == Errc::cancelled ? State::cancelled : State::failed, failure);
       co_return;
     }
-    if (d.previous_commit && services_.store.linked_commit(*d.previous_model) != d.previous_commit) {
+    // Whether the revision that served is still on disk. Not the link: a redeploy of the same
+    // model at a new commit has switched models_dir/NAME to the new revision already, and the
+    // rollback switches it back.
+    auto previous_on_disk = [&] {
+      std::error_code ec;
+      return std::filesystem::is_directory(services_.store.revision_dir(*d.previous_model, *d.previous_commit), ec);
+    };
+    if (d.previous_commit && !previous_on_disk()) {
       // allow_downtime evicted it: there is nothing to bring back.
       finish(r, State::failed,
              make_error(Errc::rollback_failed,

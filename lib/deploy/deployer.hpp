@@ -96,7 +96,7 @@ class Deployer final : public Engine {
   // the model in service (a large download takes hours); drive() stops it first.
   static bool owns_service(const Deployment& d, Phase p);
   void on_progress(Running& r, const struct fetch::Progress& p);
-  std::string new_id(const std::string& model) const;
+  std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
   boost::asio::awaitable<Result<PlanReport>> plan_now(std::shared_ptr<const config::Config> cfg, std::string model,
                                                       bool allow_downtime);

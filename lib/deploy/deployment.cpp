@@ -104,6 +104,7 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["old_stopped"] = d.old_stopped;
     j["downtime_first"] = d.downtime_first;
     j["cancel_requested"] = d.cancel_requested;
+    j["started_ns"] = d.started_ns;
   }
   return j;
 }
@@ -143,6 +144,7 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.old_stopped = j.value("old_stopped", false);
     d.downtime_first = j.value("downtime_first", false);
     d.cancel_requested = j.value("cancel_requested", false);
+    d.started_ns = j.value("started_ns", std::int64_t{0});
     return d;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());

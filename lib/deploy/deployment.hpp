@@ -73,6 +73,10 @@ struct Deployment {
   /// planning, before freeing_disk (interface.md "Deployment phases and states").
   bool downtime_first = false;
   bool cancel_requested = false;
+  /// The start time in ns since the epoch: orders deployments started in one second (ids and
+  /// started_at have whole seconds) when the history is read back from state_dir; 0 in records
+  /// written before it was kept.
+  std::int64_t started_ns = 0;
 
   bool ended() const { return state != State::running; }
 };

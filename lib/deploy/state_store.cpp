@@ -8,10 +8,31 @@
 
 #include <algorithm>
 #include <system_error>
+#include <tuple>
 
 namespace modeld::deploy {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Deployment record files, oldest first. An id is STAMP-NAME (STAMP: YYYYMMDDTHHMMSSZ, the start
+// second), then -2, -3, ... -10 ... for later ones of that model in that second: within one
+// second a later id of a model is longer, or as long and greater, so the order is the stamp, then
+// the length, then the name ("-10" after "-9", "NAME" before "NAME-2"; plain name order would put
+// "NAME-10" before "NAME-2", and NAME.json after NAME-2.json).
+void sort_oldest_first(std::vector<fs::path>& files) {
+  std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) {
+    const auto x = a.stem().string(), y = b.stem().string();
+    constexpr std::size_t kStamp = 16;
+    const auto sx = x.substr(0, kStamp), sy = y.substr(0, kStamp);
+    if (sx != sy) return sx < sy;
+    if (x.size() != y.size()) return x.size() < y.size();
+    return x < y;
+  });
+}
+
+}  // namespace
 
 StateStore::StateStore(fs::path state_dir) : dir_(std::move(state_dir)) {}
 
@@ -62,13 +83,12 @@ Result<void> StateStore::save_deployment(const Deployment& d, std::size_t keep) 
   auto r = util::write_file_atomically(dir_ / "deployments" / (d.id + ".json"),
                                        util::dump_json(to_json(d, true), 2) + "\n", 0600);
   if (!r) return r;
-  // Ids sort by start time, so the oldest files come first in name order.
   std::vector<fs::path> files;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_ / "deployments", ec))
     if (e.path().extension() == ".json") files.push_back(e.path());
   if (files.size() > keep) {
-    std::sort(files.begin(), files.end());
+    sort_oldest_first(files);
     for (std::size_t i = 0; i + keep < files.size(); ++i) fs::remove(files[i], ec);
   }
   return {};
@@ -79,10 +99,9 @@ std::vector<Deployment> StateStore::load_history(std::size_t limit) const {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_ / "deployments", ec))
     if (e.path().extension() == ".json") files.push_back(e.path());
-  std::sort(files.begin(), files.end(), std::greater<>());
+  // Every record kept (at most `keep` of save_deployment), ordered by start below.
   std::vector<Deployment> out;
   for (const auto& f : files) {
-    if (out.size() >= limit) break;
     auto text = util::read_file(f);
     if (!text) continue;
     try {
@@ -96,6 +115,14 @@ std::vector<Deployment> StateStore::load_history(std::size_t limit) const {
       sys::logf(sys::Level::warning, "{}: not JSON ({}), ignoring", f.string(), e.what());
     }
   }
+  // Newest first: by start second, then by start time in ns (records written without it count
+  // as the oldest of their second), then as sort_oldest_first orders ids.
+  auto key = [](const Deployment& d) {
+    constexpr std::size_t kStamp = 16;
+    return std::make_tuple(d.id.substr(0, kStamp), d.started_ns, d.id.size(), d.id);
+  };
+  std::sort(out.begin(), out.end(), [&](const Deployment& a, const Deployment& b) { return key(a) > key(b); });
+  if (out.size() > limit) out.resize(limit);
   return out;
 }
 

@@ -6,13 +6,15 @@ re-adopts its server after a restart."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from modeld_env import (BUILD_DIR, ProcessModeld, completion, free_port, model_table, process_group_members,
-                        wait_for)
+from modeld_env import (BUILD_DIR, ModeldEnv, ProcessModeld, completion, free_port, model_table,
+                        process_group_members, wait_for)
+from nsystemd import unsupported_reason
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,10 @@ def env(tmp_path_factory):
     e.add_repo("acme/b", shards=2, shard_size=200_000, seed=62)
     e.add_repo("acme/dies", shards=1, shard_size=100_000, seed=63)
     e.ports = {"a": free_port(), "b": free_port(), "dies": free_port()}
-    tables = (model_table("a", "acme/a", e.ports["a"], stop_timeout="10s")
+    # Something of modeld's own environment that must not reach the servers.
+    e.extra_environment["MODELD_TEST_ONLY_MODELD"] = "not for servers"
+    tables = (model_table("a", "acme/a", e.ports["a"], stop_timeout="10s",
+                          extra_serve='environment = { MODELD_TEST_SERVER_VAR = "for the server" }')
               + model_table("b", "acme/b", e.ports["b"], stop_timeout="10s")
               + model_table("dies", "acme/dies", e.ports["dies"], startup_timeout="60s",
                             serve_args=["--die-during-load", "1", "--progress-every", "0.3"]))
@@ -60,6 +65,24 @@ def test_the_first_model_runs_as_a_child_of_modeld_in_its_own_process_group(env)
     log = env.log()
     assert 'service_manager "process"' in log
     assert "system bus" not in log
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_the_server_gets_dev_null_its_environment_and_working_directory(env):
+    pid = env.server_pid("a")
+    assert pid
+    assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+    assert Path(os.readlink(f"/proc/{pid}/cwd")) == (env.models_dir / "a").resolve()
+    environ = environ_of(pid)
+    assert environ.get("MODELD_TEST_SERVER_VAR") == "for the server", environ
+    assert environ.get("PATH") == environ_of(env.proc.pid)["PATH"], environ
+    assert re.fullmatch(r"[0-9a-f]{32}", environ.get("INVOCATION_ID", "")), environ
+    assert "MODELD_TEST_ONLY_MODELD" not in environ, environ
+    assert "MODELD_TEST_ONLY_MODELD" in environ_of(env.proc.pid)
 
 
 def test_a_second_model_replaces_the_first_whose_process_group_is_gone(env):
@@ -116,3 +139,41 @@ def test_a_restarted_modeld_re_adopts_the_running_server_and_can_replace_it(env)
     assert dep["state"] == "succeeded", dep
     assert process_group_members(b_pid) == []
     assert completion(env.ports["a"], "a")
+
+
+# -- the process backend with journald: modeld as a unit of a namespaced systemd -------------------
+
+class ProcessBackendUnderSystemd(ModeldEnv):
+    """modeld.service of a namespaced systemd configured with service_manager = "process": its
+    servers are its children (in its control group), and journald's stream socket answers."""
+
+    def write_config(self, model_tables: str):
+        super().write_config(model_tables)
+        text = self.config.read_text()
+        self.config.write_text(text.replace("[daemon]\n", '[daemon]\nservice_manager = "process"\n', 1))
+
+
+@pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+def test_with_journald_the_servers_lines_go_to_the_journal_under_their_identifier(tmp_path):
+    e = ProcessBackendUnderSystemd(workdir=tmp_path / "journald")
+    try:
+        e.add_repo("acme/j", shards=1, shard_size=100_000, seed=64)
+        e.add_repo("acme/jdies", shards=1, shard_size=100_000, seed=65)
+        port = free_port()
+        e.start(model_table("j", "acme/j", port)
+                + model_table("jdies", "acme/jdies", free_port(), serve_args=["--die-during-load", "0.5"]))
+        dep = e.deploy_and_wait("j")
+        assert dep["state"] == "succeeded", dep
+        assert completion(port, "j")
+        # No unit: the lines carry the identifier modeld gives them.
+        assert not e.systemd.run(["systemctl", "is-active", "modeld-serve@j.service"]).stdout.strip() == "active"
+        own = wait_for("the server's lines in the journal", lambda: [
+            x for x in e.journal("SYSLOG_IDENTIFIER=modeld-serve@j") if "Uvicorn running" in x.get("MESSAGE", "")],
+            timeout=30)
+        assert own[0]["_SYSTEMD_UNIT"] == "modeld.service", own[0]
+        # A server that dies while loading is quoted from there in the error.
+        dep = e.deploy_and_wait("jdies", 1)
+        assert dep["state"] == "rolled_back", dep
+        assert "CUDA error: out of memory" in dep["error"]["message"], dep["error"]
+    finally:
+        e.stop()

@@ -79,6 +79,24 @@ TEST_CASE("history comes back newest first and is pruned to the limit") {
   CHECK(h.back().id == "20261122T000000Z-m");
 }
 
+TEST_CASE("deployments started in one second come back in start order, -10 after -9") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  const std::string second = "20261124T101101Z-m";
+  std::vector<std::string> ids{"20261124T101100Z-m-3", second};
+  for (int i = 2; i <= 12; ++i) ids.push_back(second + "-" + std::to_string(i));
+  ids.push_back("20261124T101102Z-m");
+  for (const auto& id : ids) REQUIRE(s.save_deployment(make(id), 13).has_value());
+  // Pruned to 13: the one of the earlier second went first.
+  auto h = s.load_history(100);
+  REQUIRE(h.size() == 13);
+  std::vector<std::string> got;
+  for (const auto& d : h) got.push_back(d.id);
+  std::vector<std::string> want(ids.rbegin(), ids.rend() - 1);
+  CHECK(got == want);
+}
+
 TEST_CASE("an unreadable deployment file is skipped") {
   TempDir t;
   StateStore s(t.path);
