@@ -298,4 +298,5 @@ def test_a_server_whose_probe_exceeds_its_timeout_is_restarted(env):
     assert "tim" in w["last_restart_reason"].lower(), w  # timeout / timed out
     wait_for("a new invocation of the unit", lambda: unit_property(env, unit, "InvocationID") not in
              ("", invocation), timeout=60)
-    wait_for("slow to answer a completion again", lambda: completion(env.ports["slow"], "slow"), timeout=120)
+    wait_for("slow to answer a completion again", lambda: completion(env.ports["slow"], "slow"), timeout=120,
+             retry_on=SERVER_STARTING)
