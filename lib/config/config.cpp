@@ -415,7 +415,7 @@ class Checker {
     auto d = util::parse_duration(s->get());
     if (!d) {
       problem(node->source(),
-              fmt::format("bad duration \"{}\" for {}; write e.g. \"90s\", \"60m\" or \"2h\"", s->get(), name));
+              fmt::format("bad duration \"{}\" for {}; write e.g. \"90s\", \"60m\" or \"2h\" (at most 100 years)", s->get(), name));
       return false;
     }
     if (d->count() == 0) {

@@ -296,7 +296,7 @@ void Server::Impl::note_refusal(const Peer& peer, const std::string& why) {
 }
 
 asio::awaitable<void> Server::Impl::refuse(std::shared_ptr<Conn> conn, std::string why) {
-  co_await answer_and_close(*conn, 503, make_error(Errc::bad_request, "too many connections: " + why));
+  co_await answer_and_close(*conn, 503, make_error(Errc::too_many_requests, "too many connections: " + why));
   conn->close();
 }
 

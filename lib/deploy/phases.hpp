@@ -61,8 +61,9 @@ struct Run {
 };
 
 /// Refuses a listing (already filtered by include/exclude) that a Hub could not honestly send:
-/// a file under the revision's `.modeld/` (store::is_reserved_path), a file larger than
-/// `max_file_size` bytes (hub.max_file_size), or sizes whose sum does not fit in 64 bits.
+/// a name no file system can store (a component over 255 bytes, a path listed both as a file
+/// and as a folder), a file under the revision's `.modeld/` (store::is_reserved_path), a file
+/// larger than `max_file_size` bytes (hub.max_file_size), or sizes whose sum does not fit in 64 bits.
 /// Errors: hub_bad_response naming the file (Error::files) and the model's config file.
 Result<void> check_listed_files(const config::ModelConfig& model, const hub::Snapshot& kept,
                                 std::uint64_t max_file_size);

@@ -101,11 +101,41 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
 
 }  // namespace
 
+namespace {
+
+// Why no file system could hold `path` beside the other listed files (`dirs`: every folder the
+// listing implies), or nullopt: a name longer than NAME_MAX, or a path both a file and a folder.
+std::optional<std::string> unstorable(const std::string& path, const std::set<std::string, std::less<>>& dirs) {
+  for (std::size_t begin = 0; begin <= path.size();) {
+    const auto end = std::min(path.find('/', begin), path.size());
+    if (end - begin > 255) return fmt::format("a name in it is {} bytes long, more than the 255 a file system allows", end - begin);
+    begin = end + 1;
+  }
+  if (dirs.contains(path)) return std::string("it is listed both as a file and as a folder of other files");
+  return std::nullopt;
+}
+
+std::set<std::string, std::less<>> folders_of(const std::vector<hub::RepoFile>& files) {
+  std::set<std::string, std::less<>> dirs;
+  for (const auto& f : files)
+    for (auto slash = f.path.find('/'); slash != std::string::npos; slash = f.path.find('/', slash + 1))
+      dirs.insert(f.path.substr(0, slash));
+  return dirs;
+}
+
+}  // namespace
+
 Result<void> check_listed_files(const config::ModelConfig& model, const hub::Snapshot& kept,
                                 std::uint64_t max_file_size) {
   const auto where = [&] { return fmt::format("the listing of {} at {}", model.repo, kept.commit); };
+  const auto dirs = folders_of(kept.files);
   std::uint64_t total = 0;
   for (const auto& f : kept.files) {
+    if (auto why = unstorable(f.path, dirs))
+      return make_error(Errc::hub_bad_response,
+                        fmt::format("{} names '{}', which cannot be stored: {}; refusing the revision", where(), f.path,
+                                    *why),
+                        std::vector<std::string>{f.path});
     if (store::is_reserved_path(f.path))
       return make_error(Errc::hub_bad_response,
                         fmt::format("{} names '{}', but {}/ inside a revision is modeld's own (manifest, partial "

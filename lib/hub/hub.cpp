@@ -1,5 +1,6 @@
 #include "hub/hub.hpp"
 
+#include "sys/log.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
 
@@ -37,11 +38,10 @@ std::string lowercase(std::string s) {
   return s;
 }
 
-// A piece of server-supplied text fit for one line of a message: control characters become
-// spaces and it is cut at `limit` characters.
+// A piece of server-supplied text fit for one line of a message: control characters escaped as
+// JSON escapes them (util::escape_control), cut at `limit` bytes.
 std::string excerpt(std::string_view text, std::size_t limit) {
-  std::string out;
-  for (char c : text.substr(0, limit)) out.push_back(static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? ' ' : c);
+  std::string out = util::escape_control(text.substr(0, limit));
   if (text.size() > limit) out += "...";
   return out;
 }
@@ -411,6 +411,9 @@ awaitable<Result<http::Response>> Hub::get(const http::Url& url, std::size_t max
       wait = retry_.backoff.empty() ? std::chrono::milliseconds(0)
                                     : retry_.backoff[std::min<std::size_t>(attempt - 1, retry_.backoff.size() - 1)];
     }
+    // A deployment that sits in planning through minutes of retries says why, each time.
+    sys::logf(sys::Level::warning, "{}; retrying in {:.1f} s (try {} of {})", last.message,
+              std::chrono::duration<double>(*wait).count(), attempt + 1, tries);
     asio::steady_timer timer(co_await asio::this_coro::executor);
     timer.expires_after(*wait);
     auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));

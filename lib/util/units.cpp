@@ -61,6 +61,10 @@ std::optional<std::uint64_t> parse_size(std::string_view text) {
   return std::nullopt;
 }
 
+namespace {
+constexpr double kMaxDurationMs = 100 * 365.25 * 86'400'000;
+}  // namespace
+
 std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
   std::string_view s = trim(text);
   if (s.empty()) return std::nullopt;
@@ -85,7 +89,8 @@ std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) {
     total_ms += *num * factor;
     any = true;
   }
-  if (!any || total_ms > 1e15) return std::nullopt;
+  // Timers count nanoseconds in 64 bits (292 years) from now: 100 years is the most that is safe.
+  if (!any || total_ms > kMaxDurationMs) return std::nullopt;
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(total_ms)));
 }
 

@@ -14,8 +14,9 @@ namespace modeld::util {
 /// are powers of 1024, decimal ones (kB..TB) powers of 1000; returns nullopt on bad syntax or overflow.
 std::optional<std::uint64_t> parse_size(std::string_view text);
 
-/// Parses a duration such as "90s", "60m", "2h", "1h30m", "250ms"; a bare number is seconds;
-/// returns nullopt on bad syntax, a negative value or overflow.
+/// Parses a duration such as "90s", "60m", "2h", "1h30m", "250ms", "2d"; a bare number is seconds;
+/// returns nullopt on bad syntax, a negative value, or more than 100 years (a steady_clock
+/// deadline in nanoseconds would overflow past about 292 years).
 std::optional<std::chrono::milliseconds> parse_duration(std::string_view text);
 
 /// a + b in bytes, or nullopt when the sum does not fit in 64 bits (sizes from a listing are

@@ -410,6 +410,7 @@ TEST_CASE("connections beyond the limit are answered 503 and closed at once") {
   auto refused = parse_answer(third.in);
   REQUIRE(refused);
   CHECK(refused->status == 503);
+  CHECK(refused->json()["error"]["code"] == "too_many_requests");
   CHECK_THAT(refused->json()["error"]["message"].get<std::string>(), Catch::Contains("too many connections"));
   a.send(get("/v1/status"));
   CHECK(read_answer(a).status == 200);

@@ -68,3 +68,18 @@ TEST_CASE("sizes whose sum does not fit in 64 bits are refused instead of wrappi
   CHECK_THAT(r.error().message, Catch::Contains("more than 2^64 bytes"));
   CHECK_FALSE(check_listed_files(model(), listing({{"a", max}, {"b", 1}}), max).has_value());
 }
+
+TEST_CASE("names no file system can store are refused before anything is downloaded") {
+  const std::string long_name(256, 'x');
+  auto r = check_listed_files(model(), listing({{"config.json", 44}, {"dir/" + long_name + ".txt", 1}}), kMax);
+  REQUIRE(!r.has_value());
+  CHECK(r.error().code == Errc::hub_bad_response);
+  CHECK_THAT(r.error().message, Catch::Contains("260 bytes long") && Catch::Contains("255"));
+  CHECK(check_listed_files(model(), listing({{std::string(255, 'y'), 1}}), kMax).has_value());
+
+  auto both = check_listed_files(model(), listing({{"foo", 1}, {"foo/bar", 1}}), kMax);
+  REQUIRE(!both.has_value());
+  CHECK(both.error().files == std::vector<std::string>{"foo"});
+  CHECK_THAT(both.error().message, Catch::Contains("both as a file and as a folder"));
+  CHECK(check_listed_files(model(), listing({{"foo.json", 1}, {"foo/bar", 1}, {"foobar/x", 1}}), kMax).has_value());
+}

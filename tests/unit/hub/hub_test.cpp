@@ -137,7 +137,7 @@ TEST_CASE("an HTML page with status 200 is hub_bad_response quoting its start an
   auto snap = f.snapshot();
   REQUIRE_FALSE(snap);
   CHECK(snap.error().code == Errc::hub_bad_response);
-  CHECK(snap.error().message.find("<!DOCTYPE html> <html><body>Sign in") != std::string::npos);
+  CHECK(snap.error().message.find(R"(<!DOCTYPE html>\n<html><body>Sign in)") != std::string::npos);  // escaped, one line
   CHECK(snap.error().message.find("text/html") != std::string::npos);
   CHECK(snap.error().message.size() < 400);
 }
@@ -164,6 +164,10 @@ TEST_CASE("a listing with a bad field is hub_bad_response naming the field") {
        "unsafe path: '../../etc/passwd'"},
       {fmt::format(R"({{"sha": "{}", "siblings": [{{"rfilename": "/abs", "size": 1, "blobId": "{}"}}]}})", kCommit, kBlob),
        "unsafe path"},
+      // Control characters are shown escaped, as JSON escapes them, not dropped or replaced.
+      {fmt::format(R"({{"sha": "{}", "siblings": [{{"rfilename": "a\u0000b\u007f\u001bc\n../x", "size": 1, "blobId": "{}"}}]}})",
+                   kCommit, kBlob),
+       R"(unsafe path: 'a\u0000b\u007f\u001bc\n../x')"},
   };
   for (const auto& c : cases) {
     Fixture f([&](Exchange& ex) -> asio::awaitable<void> { co_await ex.respond(200, c.body); });
@@ -239,7 +243,7 @@ TEST_CASE("Hub answers map to error codes") {
   CHECK(Hub::error_from_response(head(416), "x").code == Errc::hub_bad_response);
   auto e = Hub::error_from_response(head(404, {{"X-Error-Code", "EntryNotFound"}, {"X-Error-Message", "no\nfile"}}),
                                     "downloading f.bin");
-  CHECK(e.message == "downloading f.bin: HTTP 404 EntryNotFound: no file");
+  CHECK(e.message == R"(downloading f.bin: HTTP 404 EntryNotFound: no\nfile)");  // escaped, one line
 }
 
 TEST_CASE("a refused token and a token without access are told apart and say what to do") {

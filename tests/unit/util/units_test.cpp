@@ -55,3 +55,9 @@ TEST_CASE("sizes from a listing are added without wrapping") {
   CHECK(total_size(std::vector<F>{{max}, {1}}) == max);
   CHECK(total_size(std::vector<F>{{20}, {24}}) == 44u);
 }
+
+TEST_CASE("durations beyond 100 years are refused: a nanosecond deadline would overflow") {
+  CHECK(parse_duration("36500d") == std::chrono::milliseconds(36500LL * 86'400'000));
+  CHECK(!parse_duration("200000d"));
+  CHECK(!parse_duration("10000000d"));
+}
