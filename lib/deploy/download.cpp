@@ -34,6 +34,8 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
   });
   if (!got) {
     Error e = got.error();
+    // A listed file the Hub does not have: the listing may have been wrong, read it again next time.
+    if (e.code == Errc::hub_not_found) s.hub.forget_listing(run.model.repo, *run.record.commit);
     if (e.code == Errc::disk_full) {
       // Another writer filled the disk after freeing_disk made room (or the listing's sizes were
       // wrong): say by how much it is short. The partial files stay for a resume once there is

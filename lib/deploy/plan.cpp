@@ -174,7 +174,10 @@ boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, co
   kept.commit = snap->commit;
   for (const auto& f : snap->files)
     if (util::passes_filters(f.path, model.include, model.exclude)) kept.files.push_back(f);
-  if (auto r = check_listed_files(model, kept, s.config->hub.max_file_size); !r) co_return r.error();
+  if (auto r = check_listed_files(model, kept, s.config->hub.max_file_size); !r) {
+    s.hub.forget_listing(model.repo, snap->commit);  // whatever sent it, ask again next time
+    co_return r.error();
+  }
 
   auto dropped = verify::needed_but_filtered(snap->files, kept.files);
   if (!dropped.empty()) {
@@ -190,7 +193,10 @@ boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, co
     co_return make_error(Errc::plan_invalid, fmt::format("model {}: no file of {} at {} passes include/exclude",
                                                          model.name, model.repo, snap->commit));
 
-  if (auto r = co_await check_index_shards(s, model, *snap, kept); !r) co_return r.error();
+  if (auto r = co_await check_index_shards(s, model, *snap, kept); !r) {
+    if (r.error().code == Errc::checkpoint_incomplete) s.hub.forget_listing(model.repo, snap->commit);
+    co_return r.error();
+  }
   co_return kept;
 }
 

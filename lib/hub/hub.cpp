@@ -282,14 +282,19 @@ std::shared_ptr<const Snapshot> ListingCache::find(const std::string& endpoint, 
   return entries_.front().listing;
 }
 
-void ListingCache::put(const std::string& endpoint, std::shared_ptr<const Snapshot> listing) {
-  if (!listing || listing->files.size() > max_files_ || max_listings_ == 0) return;
-  auto key = cache_key(endpoint, listing->repo, listing->commit);
+void ListingCache::forget(const std::string& endpoint, const std::string& repo, const std::string& commit) {
+  const auto key = cache_key(endpoint, repo, commit);
   std::erase_if(entries_, [&](const Entry& e) {
     if (e.key != key) return false;
     files_ -= e.listing->files.size();
     return true;
   });
+}
+
+void ListingCache::put(const std::string& endpoint, std::shared_ptr<const Snapshot> listing) {
+  if (!listing || listing->files.size() > max_files_ || max_listings_ == 0) return;
+  forget(endpoint, listing->repo, listing->commit);
+  auto key = cache_key(endpoint, listing->repo, listing->commit);
   files_ += listing->files.size();
   entries_.push_front(Entry{std::move(key), std::move(listing)});
   while (entries_.size() > max_listings_ || files_ > max_files_) {

@@ -65,6 +65,10 @@ class ListingCache {
   /// recently used ones beyond the bounds.
   void put(const std::string& endpoint, std::shared_ptr<const Snapshot> listing);
 
+  /// Drops the listing of `repo` at `commit` from `endpoint`, if kept (one that planning refused
+  /// or whose files the Hub does not have: whatever sent it, the next read asks again).
+  void forget(const std::string& endpoint, const std::string& repo, const std::string& commit);
+
   /// Listings kept now.
   std::size_t size() const { return entries_.size(); }
 
@@ -132,6 +136,10 @@ class Hub {
 
   /// The cache of listings at commits (tests look into it).
   const ListingCache& cache() const { return cache_; }
+
+  /// Drops the cached listing of `repo` at `commit` (ListingCache::forget), so that a listing
+  /// planning refused, or one naming files the Hub then does not have, is read again next time.
+  void forget_listing(const std::string& repo, const std::string& commit) { cache_.forget(endpoint_, repo, commit); }
 
  private:
   using Shared = std::shared_ptr<const Snapshot>;

@@ -112,6 +112,10 @@ def test_a_file_under_the_revisions_modeld_folder_is_refused_before_the_old_mode
     assert dep["error"].get("files") in (None, [".modeld/manifest.json"]), dep["error"]
     assert served_pid(env, "old") == old_pid, "the serving model was restarted"
     assert env.status()["active"]["model"] == "old"
+    # The refused listing is not kept: once the Hub (or what sat in between) sends an honest
+    # one at the same commit, the deployment goes through.
+    write_control(env.control)
+    assert env.deploy_and_wait("new")["state"] == "succeeded"
 
 
 def test_a_download_stops_at_disk_reserve_whoever_fills_the_disk(serving):

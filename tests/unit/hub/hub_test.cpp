@@ -443,4 +443,11 @@ TEST_CASE("the listing cache keeps the most recently used listings within its bo
   cache.put("https://hub", make("o/e", 'e', 6));  // more files than the whole cache: not kept
   CHECK(cache.size() == 1);
   CHECK(cache.find("https://hub", "o/d", std::string(40, 'd')));
+  cache.forget("https://mirror", "o/d", std::string(40, 'd'));  // another endpoint's: kept
+  CHECK(cache.find("https://hub", "o/d", std::string(40, 'd')));
+  cache.forget("https://hub", "o/d", std::string(40, 'd'));  // refused by planning: read again
+  CHECK_FALSE(cache.find("https://hub", "o/d", std::string(40, 'd')));
+  CHECK(cache.size() == 0);
+  cache.put("https://hub", make("o/e", 'e', 5));  // the files forgotten are room again
+  CHECK(cache.size() == 1);
 }
