@@ -3,6 +3,7 @@
 #include "control/metrics.hpp"
 
 #include "control/accept.hpp"
+#include "control/metrics_room.hpp"
 
 #include "control/routes.hpp"
 #include "sys/log.hpp"
@@ -12,8 +13,9 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/basic_stream.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/core/rate_policy.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/parser.hpp>
@@ -23,10 +25,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <array>
 #include <limits>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 
 namespace modeld::control {
@@ -130,8 +132,35 @@ std::string MetricsCollector::text() const { return metrics_text(engine_, counte
 namespace {
 
 constexpr std::uint32_t header_limit = 8 * 1024;
-constexpr auto io_deadline = std::chrono::seconds(10);
+// A request (line and headers) must arrive within request_deadline; an answer must be taken by
+// the peer within answer_deadline: a /metrics answer is small, and a peer that leaves it unread
+// is no scraper.
+constexpr auto request_deadline = std::chrono::seconds(10);
+constexpr auto answer_deadline = std::chrono::seconds(5);
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+// beast::basic_stream's rate policy, unlimited, that tells the room of each byte read or written:
+// that is a connection's progress, by which the one to close for room is chosen.
+class ProgressPolicy {
+ public:
+  ProgressPolicy(detail::MetricsRoom& room, std::uint64_t id) : room_(&room), id_(id) {}
+
+ private:
+  friend class beast::rate_policy_access;
+  static constexpr std::size_t all = std::numeric_limits<std::size_t>::max();
+  std::size_t available_read_bytes() const noexcept { return all; }
+  std::size_t available_write_bytes() const noexcept { return all; }
+  void transfer_read_bytes(std::size_t n) { transferred(n); }
+  void transfer_write_bytes(std::size_t n) { transferred(n); }
+  void on_timer() noexcept {}
+  void transferred(std::size_t n) {
+    if (n > 0) room_->progressed(id_, Clock::now());
+  }
+  detail::MetricsRoom* room_;  // the listener's, which outlives its sessions and their streams
+  std::uint64_t id_;
+};
+
+using Stream = beast::basic_stream<tcp, asio::any_io_executor, ProgressPolicy>;
 
 // The client's identity for the limits: its IP address, an IPv4-mapped IPv6 one as IPv4.
 asio::ip::address peer_address(const tcp::socket& socket) {
@@ -162,58 +191,33 @@ bhttp::response<bhttp::string_body> metrics_response(const bhttp::request<bhttp:
   return res;
 }
 
-// Tells a refused client why in a 503 if its socket takes it at once (never waits), then closes;
-// what it has sent already is read first, so that the close does not reset the connection.
-void refuse_at_once(tcp::socket& socket, std::string_view why) {
-  const std::string body = fmt::format("too many connections: {}\n", why);
-  const std::string answer = fmt::format(
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
-      "Content-Length: {}\r\n\r\n{}",
-      body.size(), body);
-  boost::system::error_code ec;
-  socket.non_blocking(true, ec);
-  std::array<char, 8192> sent{};
-  if (!ec) socket.read_some(asio::buffer(sent), ec);
-  ec.clear();
-  socket.write_some(asio::buffer(answer), ec);
-  socket.shutdown(tcp::socket::shutdown_both, ec);
-  socket.close(ec);
-}
-
 }  // namespace
 
 struct MetricsListener::Impl : std::enable_shared_from_this<Impl> {
   Impl(asio::any_io_executor ex, std::function<std::string()> t, MetricsLimits l)
-      : executor(std::move(ex)), text(std::move(t)), limits(l), acceptor(executor) {}
-
-  // One open connection, as the limits see it.
-  struct Conn {
-    std::weak_ptr<beast::tcp_stream> stream;
-    asio::ip::address peer;
-    std::optional<Clock::time_point> waiting_since;  // set while it waits for (the rest of) a request
-  };
+      : executor(std::move(ex)), text(std::move(t)), room(l), acceptor(executor) {}
 
   asio::any_io_executor executor;
   std::function<std::string()> text;
-  MetricsLimits limits;
+  detail::MetricsRoom room;
   tcp::acceptor acceptor;
   std::string address;  // as configured, for messages
   bool stopped = false;
   std::uint64_t next_id = 0;
-  std::unordered_map<std::uint64_t, Conn> conns;
-  detail::RefusalNotes refusals;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Stream>> streams;  // by id, as in `room`
+  detail::ClosedNotes notes;
 
   asio::awaitable<void> accept_loop();
-  void accepted(tcp::socket socket);  // for detail::accept_each: makes room or refuses, starts a session
-  // Makes room for one more connection from `peer` when a limit is reached, by closing a waiting
-  // connection; returns why `peer` must be refused when none can be closed.
-  std::optional<std::string> make_room(const asio::ip::address& peer);
-  // The waiting connection to close for room: the longest waiting of `peer` when given, else of
-  // the address holding the most connections; conns.end() when none waits.
-  decltype(conns)::iterator victim(const asio::ip::address* peer);
-  void note(const std::string& what);  // a warning line, at most one per 10 s
-  void set_waiting(std::uint64_t id, bool waiting);
-  asio::awaitable<void> session(std::shared_ptr<beast::tcp_stream> stream, std::uint64_t id);
+  void accepted(tcp::socket socket);  // for detail::accept_each: makes room, starts a session
+  // Closes connection `id` for room for one from `peer` that does not fit (`why`), and says so.
+  void close_for_room(std::uint64_t id, const asio::ip::address& peer, const std::string& why);
+  void forget(std::uint64_t id);  // stops counting `id`
+  asio::awaitable<void> session(std::shared_ptr<Stream> stream, std::uint64_t id);
+  // Reads one request into `parser`; false when the connection is to end.
+  asio::awaitable<bool> read_request(Stream& stream, beast::flat_buffer& buffer,
+                                     bhttp::request_parser<bhttp::string_body>& parser);
+  // Answers `req`; false when the connection is to end.
+  asio::awaitable<bool> answer(Stream& stream, const bhttp::request<bhttp::string_body>& req);
 };
 
 MetricsListener::MetricsListener(asio::any_io_executor executor, std::function<std::string()> text,
@@ -222,7 +226,7 @@ MetricsListener::MetricsListener(asio::any_io_executor executor, std::function<s
 
 MetricsListener::~MetricsListener() { stop(); }
 
-std::size_t MetricsListener::connections() const { return impl_->conns.size(); }
+std::size_t MetricsListener::connections() const { return impl_->room.size(); }
 
 Result<void> MetricsListener::listen(const std::string& host_port) {
   auto& impl = *impl_;
@@ -272,9 +276,9 @@ void MetricsListener::stop() {
   impl.stopped = true;
   boost::system::error_code ec;
   impl.acceptor.close(ec);
-  std::vector<std::shared_ptr<beast::tcp_stream>> open;
-  for (auto& [id, conn] : impl.conns)
-    if (auto s = conn.stream.lock()) open.push_back(std::move(s));
+  std::vector<std::shared_ptr<Stream>> open;
+  for (auto& [id, weak] : impl.streams)
+    if (auto s = weak.lock()) open.push_back(std::move(s));
   for (auto& s : open) s->close();
 }
 
@@ -285,107 +289,85 @@ asio::awaitable<void> MetricsListener::Impl::accept_loop() {
 
 void MetricsListener::Impl::accepted(tcp::socket socket) {
   const auto peer = peer_address(socket);
-  if (auto why = make_room(peer)) {
-    note(fmt::format("refused a connection from {}: {}", peer.to_string(), *why));
-    refuse_at_once(socket, *why);
-    return;
+  const auto now = Clock::now();
+  if (auto full = room.full(peer, now)) {
+    if (!full->victim) {  // only with limits of 0, which the configuration refuses
+      boost::system::error_code ec;
+      socket.close(ec);
+      return;
+    }
+    close_for_room(*full->victim, peer, full->why);
   }
   // Counted from here, so that a burst of accepts cannot pass the limits.
-  auto stream = std::make_shared<beast::tcp_stream>(std::move(socket));
   const auto id = next_id++;
-  conns.emplace(id, Conn{stream, peer, Clock::now()});
+  auto stream = std::make_shared<Stream>(ProgressPolicy(room, id), std::move(socket));
+  room.add(id, peer, now);
+  streams.emplace(id, stream);
   detail::spawn_logged(executor, session(std::move(stream), id), "metrics connection");
 }
 
-std::optional<std::string> MetricsListener::Impl::make_room(const asio::ip::address& peer) {
-  std::size_t mine = 0;
-  for (const auto& [id, c] : conns) mine += c.peer == peer ? 1 : 0;
-  const bool address_full = mine >= limits.per_address_connections;
-  if (!address_full && conns.size() < limits.max_connections) return std::nullopt;
-  const std::string why =
-      address_full ? fmt::format("{} has {} connections open, the most one address may hold "
-                                 "(metrics.per_address_connections)", peer.to_string(), mine)
-                   : fmt::format("{} connections are open, the most the listener serves at once "
-                                 "(metrics.max_connections)", conns.size());
-  const auto it = victim(address_full ? &peer : nullptr);
-  if (it == conns.end()) return why;
-  const double waited = std::chrono::duration<double>(Clock::now() - *it->second.waiting_since).count();
-  note(fmt::format("closed a connection from {} that had waited {:.1f} s for a request, to let one from {} in: {}",
-                   it->second.peer.to_string(), waited, peer.to_string(), why));
-  auto stream = it->second.stream.lock();
-  conns.erase(it);  // counted out now; its session ends when the close wakes it
-  if (stream) stream->close();
-  return std::nullopt;
-}
-
-auto MetricsListener::Impl::victim(const asio::ip::address* peer) -> decltype(conns)::iterator {
-  std::map<asio::ip::address, std::size_t> held;
-  for (const auto& [id, c] : conns) ++held[c.peer];
-  auto best = conns.end();
-  for (auto it = conns.begin(); it != conns.end(); ++it) {
-    const auto& c = it->second;
-    if (!c.waiting_since || (peer && c.peer != *peer)) continue;
-    if (best == conns.end()) {
-      best = it;
-      continue;
-    }
-    const auto& b = best->second;
-    const auto mine = held[c.peer], theirs = held[b.peer];
-    if (mine > theirs || (mine == theirs && *c.waiting_since < *b.waiting_since)) best = it;
+void MetricsListener::Impl::close_for_room(std::uint64_t id, const asio::ip::address& peer, const std::string& why) {
+  const auto* c = room.find(id);
+  const auto from = c->peer.to_string();
+  if (auto summary = notes.closed(from)) {
+    const double waited = std::chrono::duration<double>(Clock::now() - c->progress).count();
+    sys::logf(sys::Level::warning, "metrics on {}: closed a connection from {} that had waited {:.1f} s {}, to let "
+              "one from {} in: {} ({})", address, from, waited,
+              c->answering ? "for its answer to be read" : "for a request", peer.to_string(), why, *summary);
   }
-  return best;
+  auto stream = streams[id].lock();
+  forget(id);  // counted out now; its session ends when the close wakes it
+  if (stream) stream->close();
 }
 
-void MetricsListener::Impl::note(const std::string& what) {
-  if (auto n = refusals.count())
-    sys::logf(sys::Level::warning, "metrics on {}: {} ({} connection(s) closed or refused in the last 10 s)",
-              address, what, *n);
+void MetricsListener::Impl::forget(std::uint64_t id) {
+  room.remove(id);
+  streams.erase(id);
 }
 
-void MetricsListener::Impl::set_waiting(std::uint64_t id, bool waiting) {
-  auto it = conns.find(id);
-  if (it == conns.end()) return;
-  auto& since = it->second.waiting_since;
-  if (!waiting) since.reset();
-  else if (!since) since = Clock::now();  // since the accept, for its first request
-}
-
-asio::awaitable<void> MetricsListener::Impl::session(std::shared_ptr<beast::tcp_stream> stream, std::uint64_t id) {
+asio::awaitable<void> MetricsListener::Impl::session(std::shared_ptr<Stream> stream, std::uint64_t id) {
   auto self = shared_from_this();
   struct Leave {
     Impl& impl;
     std::uint64_t id;
-    beast::tcp_stream& stream;
+    Stream& stream;
     ~Leave() {
-      impl.conns.erase(id);
+      impl.forget(id);
       stream.close();
     }
   } leave{*this, id, *stream};
   beast::flat_buffer buffer(2 * header_limit);
   while (!stopped) {
     bhttp::request_parser<bhttp::string_body> parser;
-    parser.header_limit(header_limit);
-    parser.body_limit(4096);
-    set_waiting(id, true);
-    stream->expires_after(io_deadline);
-    auto [ec, n] = co_await bhttp::async_read(*stream, buffer, parser, use_tuple);
-    if (ec) co_return;  // closed, timed out or malformed: a scraper does none of these on purpose
-    set_waiting(id, false);
-    const auto& req = parser.get();
-    auto res = metrics_response(req, text);
-    res.keep_alive(req.keep_alive() && !stopped);
-    res.prepare_payload();
-    stream->expires_after(io_deadline);
-    if (req.method() == bhttp::verb::head) {
-      bhttp::response_serializer<bhttp::string_body> sr{res};
-      auto [wec, wn] = co_await bhttp::async_write_header(*stream, sr, use_tuple);
-      if (wec) co_return;
-    } else {
-      auto [wec, wn] = co_await bhttp::async_write(*stream, res, use_tuple);
-      if (wec) co_return;
-    }
-    if (!res.keep_alive()) co_return;
+    room.set_answering(id, false);
+    if (!co_await read_request(*stream, buffer, parser)) co_return;
+    room.set_answering(id, true);
+    if (!co_await answer(*stream, parser.get())) co_return;
   }
+}
+
+asio::awaitable<bool> MetricsListener::Impl::read_request(Stream& stream, beast::flat_buffer& buffer,
+                                                          bhttp::request_parser<bhttp::string_body>& parser) {
+  parser.header_limit(header_limit);
+  parser.body_limit(4096);
+  stream.expires_after(request_deadline);
+  auto [ec, n] = co_await bhttp::async_read(stream, buffer, parser, use_tuple);
+  co_return !ec;  // closed, timed out or malformed: a scraper does none of these on purpose
+}
+
+asio::awaitable<bool> MetricsListener::Impl::answer(Stream& stream, const bhttp::request<bhttp::string_body>& req) {
+  auto res = metrics_response(req, text);
+  res.keep_alive(req.keep_alive() && !stopped);
+  res.prepare_payload();
+  stream.expires_after(answer_deadline);
+  boost::system::error_code ec;
+  if (req.method() == bhttp::verb::head) {
+    bhttp::response_serializer<bhttp::string_body> sr{res};
+    std::tie(ec, std::ignore) = co_await bhttp::async_write_header(stream, sr, use_tuple);
+  } else {
+    std::tie(ec, std::ignore) = co_await bhttp::async_write(stream, res, use_tuple);
+  }
+  co_return !ec && res.keep_alive();
 }
 
 }  // namespace modeld::control

@@ -87,13 +87,15 @@ struct MetricsLimits {
 };
 
 /// Serves GET (and HEAD) /metrics over TCP for [metrics] listen: read-only, no other route (404),
-/// other methods 405; keep-alive, header limit 8 KiB, 10 s deadlines. Access control is only the
-/// address it is bound to. A new connection beyond a limit of MetricsLimits takes the place of
-/// the connection that has waited longest for a request (idle or sending one slowly) of its own
-/// address (per-address limit) or of the address holding the most (overall limit), so clients
-/// that hold connections without asking cannot keep a scraper out; only when every connection
-/// concerned is being answered is it refused (a best-effort 503, then closed). Closed and refused
-/// connections are told in a warning line at most every 10 s, naming the peer address.
+/// other methods 405; keep-alive, header limit 8 KiB, a request within 10 s, its answer taken
+/// within 5 s. Access control is only the address it is bound to. A new connection beyond a limit
+/// of MetricsLimits is always let in: it takes the place of the connection longest without
+/// progress (no request byte read, no answer byte written), whether it waits for a request or for
+/// its answer to be read, of its own address (per-address limit) or of the address holding the
+/// most (overall limit); one that made progress within the last second is closed only when every
+/// such connection did. So clients that hold connections without asking or without reading cannot
+/// keep a scraper out. Closed connections are told in a warning line at most every 10 s, naming
+/// the addresses that lost connections since the last line.
 class MetricsListener {
  public:
   /// `text` makes the body of each answer; called on `executor`'s thread. `limits` must be at
