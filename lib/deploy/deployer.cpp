@@ -6,6 +6,7 @@
 #include "sys/notify.hpp"
 #include "units/service_manager.hpp"
 #include "util/memory.hpp"
+#include "util/on_pool.hpp"
 #include "util/text.hpp"
 #include "util/units.hpp"
 
@@ -462,7 +463,11 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         state_.last_active[d.model] = now;
         if (auto s = states_.save(state_); !s)
           sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
-        if (auto rm = services_.store.remove_other_revisions(d.model, *d.commit); rm && *rm > 0)
+        // On the disk pool: deleting a revision of hundreds of GB takes time. By reference only
+        // (GCC 12 mis-copies class objects captured by value in a coroutine).
+        auto rm = co_await util::on_pool<Result<std::uint64_t>>(
+            services_.disk_pool, [&] { return services_.store.remove_other_revisions(d.model, *d.commit); });
+        if (rm && *rm > 0)
           sys::logf(sys::Level::info, r.run->fields(), "removed older revisions of {} ({})", d.model,
                     util::format_bytes(*rm));
       }
@@ -806,6 +811,7 @@ asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {
   if (r->ok()) {
     sys::logf(sys::Level::notice, f, "model {} at {} verified: {} files, {}, no problems", model,
               r->commit.substr(0, 12), r->files, util::format_bytes(r->bytes));
+    rewatch_verified(model, r->commit, f);
   } else {
     for (const auto& p : r->problems) {
       sys::Fields pf = f;
@@ -817,6 +823,15 @@ asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {
               r->problems.size(), r->problems.size() == 1 ? "" : "s");
   }
   co_return r;
+}
+
+void Deployer::rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f) {
+  if (!state_.active || state_.active->model != model || state_.active->commit != commit || watchdog_->running())
+    return;
+  // The watchdog stops for good when it finds the files changed; now they hash clean again, it
+  // watches (and restarts a server that is down) once more.
+  sys::logf(sys::Level::notice, f, "model {} is active and its files are intact: the watchdog watches it again", model);
+  watch_active(false);
 }
 
 asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {

@@ -91,6 +91,9 @@ class Deployer final : public Engine {
   void emit(const std::string& kind, const Deployment& d);
   void announce_status();
   void watch_active(bool wait_ready_first);
+  // After `modelctl verify` found the files of `model` at `commit` intact: when that revision is
+  // the active one and the watchdog had stopped (it gives up on changed files), watches it again.
+  void rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f);
   // Whether deployment `d` about to run (or running) phase `p` owns the model service: from
   // stopping_old on, or once the old server was stopped. Until then the watchdog keeps watching
   // the model in service (a large download takes hours); drive() stops it first.

@@ -2,6 +2,7 @@
 #include "deploy/phases.hpp"
 
 #include "store/store.hpp"
+#include "util/on_pool.hpp"
 #include "util/text.hpp"
 #include "util/units.hpp"
 
@@ -103,7 +104,8 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
     co_return Result<void>{};
   }
   for (const auto& victim : plan.evict) {
-    auto freed = s.store.remove_model(victim.name);
+    const auto& name = victim.name;
+    auto freed = co_await util::on_pool<Result<std::uint64_t>>(s.disk_pool, [&] { return s.store.remove_model(name); });
     if (!freed) co_return freed.error();
     sys::Fields f = run.fields();
     f.extra.emplace_back("MODELD_EVICTED", victim.name);

@@ -71,7 +71,7 @@ boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::M
 boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run& run, std::string_view refusing) {
   const auto& commit = *run.record.commit;
   const bool same = co_await util::on_pool<bool>(
-      s.disk_pool, [&] { return s.store.manifest_still_matches(run.model.name, commit); });
+      s.disk_pool, [&] { return s.store.manifest_still_matches_settled(run.model.name, commit); });
   if (!same)
     co_return make_error(Errc::checkpoint_incomplete,
                          fmt::format("files of {} at {} changed after their verification; {}", run.model.name,

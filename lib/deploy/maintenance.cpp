@@ -99,7 +99,7 @@ boost::asio::awaitable<Result<VerifyReport>> verify_on_disk(Services& s, const s
 boost::asio::awaitable<bool> files_still_trusted(Services& s, const std::string& name, const std::string& commit,
                                                  const sys::Fields& fields, bool rehash) {
   const auto t0 = std::chrono::steady_clock::now();
-  const bool same = co_await util::on_pool<bool>(s.disk_pool, [&] { return s.store.manifest_still_matches(name, commit); });
+  const bool same = co_await util::on_pool<bool>(s.disk_pool, [&] { return s.store.manifest_still_matches_settled(name, commit); });
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (same) {
     sys::logf(sys::Level::info, fields, "files of model {} at {} unchanged since their verification ({:.1f} ms): trusted",

@@ -99,6 +99,17 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
   co_return Result<void>{};
 }
 
+// The disk side of planning: nullopt when the revision is on disk and verified already, else the
+// files still missing after hard-linking unchanged ones from older revisions. Blocks.
+Result<std::optional<std::vector<hub::RepoFile>>> link_into_revision(store::Store& st, const std::string& name,
+                                                                    const hub::Snapshot& kept) {
+  if (auto r = st.prepare_revision(name, kept.commit); !r) return r.error();
+  if (st.manifest_still_matches(name, kept.commit)) return std::optional<std::vector<hub::RepoFile>>{};
+  auto missing = st.link_unchanged_and_list_missing(name, kept);
+  if (!missing) return missing.error();
+  return std::optional<std::vector<hub::RepoFile>>(std::move(*missing));
+}
+
 }  // namespace
 
 namespace {
@@ -210,18 +221,19 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   const auto* snap = &kept;
 
   rec.commit = snap->commit;
-  if (auto r = s.store.prepare_revision(run.model.name, snap->commit); !r) co_return r.error();
-
   const std::uint64_t total = util::total_size(kept.files);
 
-  if (s.store.manifest_still_matches(run.model.name, snap->commit)) {
+  // Stats and hard links of a store that may hold terabytes: on the disk pool. By reference only
+  // (GCC 12 mis-copies class objects captured by value in a coroutine).
+  auto linked = co_await util::on_pool<Result<std::optional<std::vector<hub::RepoFile>>>>(
+      s.disk_pool, [&] { return link_into_revision(s.store, run.model.name, kept); });
+  if (!linked) co_return linked.error();
+  if (!*linked) {
     run.missing.clear();
     sys::logf(sys::Level::info, run.fields(), "{} at {} ({}): {} files, {}, already on disk and verified",
               run.model.repo, revision, snap->commit.substr(0, 12), kept.files.size(), util::format_bytes(total));
   } else {
-    auto missing = s.store.link_unchanged_and_list_missing(run.model.name, kept);
-    if (!missing) co_return missing.error();
-    run.missing = std::move(*missing);
+    run.missing = std::move(**linked);
     if (auto r = co_await adopt_foreign_folder(s, run); !r) co_return r.error();
     const std::uint64_t need = util::total_size(run.missing);
     sys::logf(sys::Level::info, run.fields(), "{} at {} is commit {}: {} files, {}; {} files, {} to download",

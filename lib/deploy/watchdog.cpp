@@ -276,9 +276,11 @@ asio::awaitable<void> Watchdog::watch(std::string model, bool wait_ready_first, 
       if (run->stop) break;
       if (!trusted) {
         sys::logf(sys::Level::error, f,
-                  "watchdog: {} is down ({}), but the files of model {} {}: not restarting it (deploy it again)",
-                  unit, *pending, model,
-                  commit ? "changed since their verification" : "are no longer linked in models_dir");
+                  "watchdog: {} is down ({}), but the files of model {} {}: not restarting it ({})", unit, *pending,
+                  model, commit ? "changed since their verification" : "are no longer linked in models_dir",
+                  commit ? fmt::format("`modelctl verify {}` re-hashes them and, if they are intact, has it "
+                                       "watched and restarted again; or deploy it again", model)
+                         : std::string("deploy it again"));
         break;
       }
     }

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -149,6 +150,11 @@ Result<Adoption> Store::adopt(const std::string& name, const std::string& commit
   std::map<std::string, std::string> problems;
   for (const auto& p : report.problems) problems.emplace(p.file, p.message);
 
+  // The folder's files may be hard links of a verified revision's (a copy made with `cp -al`, a
+  // symlink into the store): linking them changes ctimes those manifests record.
+  std::set<detail::InodeKey> inodes;
+  for (const auto& [path, id] : before) inodes.emplace(id.device, id.inode);
+  detail::Relinking relinking(*this, inodes);
   const auto target = revision_dir(name, commit);
   for (const auto& f : out.candidates) {
     const auto src = folder / f.path;
@@ -185,6 +191,7 @@ Result<Adoption> Store::adopt(const std::string& name, const std::string& commit
     out.adopted.push_back(f.path);
     out.adopted_bytes = util::add_bytes(out.adopted_bytes, f.size);
   }
+  relinking.finish();
   if (!out.adopted.empty())
     if (auto r = util::fsync_directory(target); !r) return r.error();
   return out;

@@ -129,6 +129,11 @@ bool Store::manifest_still_matches(const std::string& name, const std::string& c
   return true;
 }
 
+bool Store::manifest_still_matches_settled(const std::string& name, const std::string& commit) const {
+  std::shared_lock settled(relinking_);
+  return manifest_still_matches(name, commit);
+}
+
 Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const std::string& name,
                                                                           const hub::Snapshot& snapshot) {
   auto found = find_missing(name, snapshot, true);
@@ -156,7 +161,6 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Sna
   struct Source {
     std::string commit;
     Manifest manifest;
-    bool dirty = false;
   };
   std::vector<Source> sources;
   {
@@ -176,6 +180,16 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Sna
       const auto& mf = sources[s].manifest.files[i];
       if (util::safe_relative_path(mf.path)) by_key[content_key(mf.sha256, mf.git_sha1, mf.size)].emplace_back(s, i);
     }
+
+  // Linking changes the ctime of the sources' files: the manifests that record them (the sources'
+  // and any other) are re-recorded after, and nothing checks them half-way.
+  std::optional<detail::Relinking> relinking;
+  if (link) {
+    std::set<detail::InodeKey> inodes;
+    for (const auto& s : sources)
+      for (const auto& mf : s.manifest.files) inodes.emplace(mf.identity.device, mf.identity.inode);
+    relinking.emplace(*this, inodes);
+  }
 
   MissingFiles out;
   auto& missing = out.missing;
@@ -215,15 +229,6 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Sna
         continue;
       }
       linked = true;
-      // Linking changed the inode's ctime; refresh every manifest that recorded the inode as it
-      // was, so the older revisions still pass manifest_still_matches without a re-hash.
-      if (auto after = identity_of(src))
-        for (auto& other : sources)
-          for (auto& of : other.manifest.files)
-            if (of.identity == *before) {
-              of.identity = *after;
-              other.dirty = true;
-            }
       break;
     }
     if (linked)
@@ -232,9 +237,7 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Sna
       missing.push_back(f);
   }
 
-  // Best effort: a manifest left stale only costs a re-hash of that revision later.
-  for (const auto& s : sources)
-    if (s.dirty) (void)write_manifest(name, s.manifest);
+  if (relinking) relinking->finish();
   return out;
 }
 

@@ -209,9 +209,13 @@ Result<std::uint64_t> Store::remove_model(const std::string& name) {
   const auto dir = store_root / name;
   std::set<detail::InodeKey> seen;
   std::uint64_t freed = is_real_directory(dir) ? detail::tree_bytes(dir, seen) : 0;
+  // Files other models share by hard link (an adoption from this model's store) keep their
+  // manifests true.
+  detail::Relinking relinking(*this, seen, [&](const std::string& n, const std::string&) { return n == name; });
   std::error_code ec;
   // remove_all deletes a symlink itself, never what it points to.
   fs::remove_all(dir, ec);
+  relinking.finish();
   if (ec) return make_error(Errc::io_error, fmt::format("{}: remove: {}", dir.string(), ec.message()));
   if (auto r = util::fsync_directory(models_dir_); !r) return r.error();
   return freed;
@@ -228,9 +232,19 @@ Result<std::uint64_t> Store::remove_other_revisions(const std::string& name, con
   std::set<detail::InodeKey> seen;
   detail::collect_inodes(revision_dir(name, keep_commit), seen);
   if (linked && *linked != keep_commit) detail::collect_inodes(revision_dir(name, *linked), seen);
+  const auto kept = [&](const std::string& c) { return c == keep_commit || (linked && c == *linked); };
+  std::vector<std::string> doomed;
+  std::set<detail::InodeKey> unlinked;  // inodes whose link count the removal changes
+  for (const auto& c : subdirectories(dir))
+    if (!kept(c)) {
+      doomed.push_back(c);
+      detail::collect_inodes(dir / c, unlinked);
+    }
+  detail::Relinking relinking(*this, unlinked, [&](const std::string& n, const std::string& c) {
+    return n == name && !kept(c);
+  });
   std::uint64_t freed = 0;
-  for (const auto& c : subdirectories(dir)) {
-    if (c == keep_commit || (linked && c == *linked)) continue;
+  for (const auto& c : doomed) {
     const auto rev = dir / c;
     std::uint64_t bytes = detail::tree_bytes(rev, seen);
     std::error_code ec;
@@ -238,6 +252,7 @@ Result<std::uint64_t> Store::remove_other_revisions(const std::string& name, con
     if (ec) return make_error(Errc::io_error, fmt::format("{}: remove: {}", rev.string(), ec.message()));
     freed += bytes;
   }
+  relinking.finish();
   if (auto r = util::fsync_directory(dir); !r) return r.error();
   return freed;
 }

@@ -11,11 +11,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace modeld::store {
+
+namespace detail {
+class Relinking;
+}
 
 /// What was seen of one file when its revision was verified (for fast re-verification).
 struct FileIdentity {
@@ -141,13 +146,18 @@ class Store {
   Result<void> write_manifest(const std::string& name, const Manifest& manifest);
 
   /// Whether the revision has a manifest whose every file still has its recorded identity
-  /// (no hashing: a stat per file).
+  /// (no hashing: a stat per file, never waits; may see a link or unlink of modeld's own half-way).
   bool manifest_still_matches(const std::string& name, const std::string& commit) const;
+
+  /// manifest_still_matches once every link or unlink of modeld's own in progress in this store
+  /// (and the re-recording of the ctimes it changed) has finished; blocks: call it on the disk pool.
+  bool manifest_still_matches_settled(const std::string& name, const std::string& commit) const;
 
   /// For a revision about to be fetched: hard-links into it every listed file that another
   /// verified revision of the same model holds with the same digest and size; returns the
   /// listed files that are still missing (not present with the listed size). Files already in
-  /// place are trusted only if a manifest or the fetch engine vouches for them later.
+  /// place are trusted only if a manifest or the fetch engine vouches for them later. The ctime
+  /// the links changed is re-recorded in every manifest that held those files unchanged. Blocks.
   Result<std::vector<hub::RepoFile>> link_unchanged_and_list_missing(const std::string& name,
                                                                       const hub::Snapshot& snapshot);
 
@@ -171,8 +181,10 @@ class Store {
   /// scan_adoption, then hashes the candidates (`parallel` files at once, sha256 for LFS files,
   /// git blob sha1 otherwise) and hard-links each file whose digest matches the listing and that
   /// did not change while it was hashed into revision `commit` at its path (temporary name, then
-  /// rename). Nothing in `folder` is modified. Files that differ are listed in `rejected` and left
-  /// to be downloaded. Errors: bad_request (names), io_error (creating folders in the revision).
+  /// rename). Nothing in `folder` is modified, but for the ctime the links change, which is
+  /// re-recorded in any manifest holding those files unchanged. Files that differ are listed in
+  /// `rejected` and left to be downloaded. Errors: bad_request (names), io_error (creating
+  /// folders in the revision). Blocks (hashing): call it on the disk pool.
   Result<Adoption> adopt(const std::string& name, const std::string& commit, const std::vector<hub::RepoFile>& files,
                          const std::filesystem::path& folder, unsigned parallel);
 
@@ -187,14 +199,17 @@ class Store {
   /// Every model with anything under models_dir.
   std::vector<StoredModel> list() const;
 
-  /// Deletes every revision of `name` and its link, never following a symlink out of models_dir;
-  /// returns the bytes freed. bad_request for an invalid name; io_error when models_dir/NAME is
-  /// not a symlink (a user's folder is left alone, nothing is deleted) or a removal fails.
+  /// Deletes every revision of `name` and its link, never following a symlink out of models_dir,
+  /// and re-records the ctime of files other models' manifests share with it; returns the bytes
+  /// freed. bad_request for an invalid name; io_error when models_dir/NAME is not a symlink (a
+  /// user's folder is left alone, nothing is deleted) or a removal fails. Blocks.
   Result<std::uint64_t> remove_model(const std::string& name);
 
   /// Deletes the revisions of `name` other than `keep_commit` (after a successful switch) and
-  /// other than the one the link points to; returns the bytes freed (files still linked from a
-  /// kept revision not counted). bad_request for an invalid name or commit, io_error.
+  /// other than the one the link points to, and re-records the ctime of the files the kept
+  /// revisions shared with them (their link count changed); returns the bytes freed (files still
+  /// linked from a kept revision not counted). bad_request for an invalid name or commit,
+  /// io_error. Blocks.
   Result<std::uint64_t> remove_other_revisions(const std::string& name, const std::string& keep_commit);
 
  private:
@@ -202,7 +217,12 @@ class Store {
   // plan_missing (link = false, nothing on disk changes).
   Result<MissingFiles> find_missing(const std::string& name, const hub::Snapshot& snapshot, bool link);
 
+  friend class detail::Relinking;
+
   std::filesystem::path models_dir_;
+  // Held exclusively while modeld links or unlinks files of verified revisions and re-records
+  // their ctimes (detail::Relinking), shared by manifest_still_matches_settled.
+  mutable std::shared_mutex relinking_;
 };
 
 /// A model that eviction may delete, with when it last served.

@@ -1,14 +1,19 @@
 #pragma once
 // Internal to lib/store: name checks and tree walks shared by store.cpp and manifest.cpp.
 
+#include "store/store.hpp"
 #include "util/error.hpp"
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace modeld::store::detail {
 
@@ -28,5 +33,37 @@ std::uint64_t tree_bytes(const std::filesystem::path& root, std::set<InodeKey>& 
 
 /// Adds the (device, inode) of every regular file under `root` (not following symlinks) to `seen`.
 void collect_inodes(const std::filesystem::path& root, std::set<InodeKey>& seen);
+
+/// Keeps manifests true across one link or unlink of modeld's own: a file's identity includes its
+/// ctime, and a change of its link count (a hard link made or removed) changes the ctime.
+/// Constructed just before the operation: holds the store's relinking lock exclusively (so
+/// Store::manifest_still_matches_settled never sees the operation half-way) and remembers the
+/// files of every manifest under the store (revisions for which `skip` is true excepted) whose
+/// (device, inode) is in `inodes` and that still have their recorded identity. finish(): re-records
+/// the ctime of each of those whose device, inode, size and mtime are unchanged, rewrites those
+/// manifests (best effort: a stale manifest costs a re-hash later) and releases the lock; the
+/// destructor calls it when the operation returns early. A file that differed from its manifest
+/// before the operation is left differing. Blocks (stats, manifest reads and writes).
+class Relinking {
+ public:
+  using Skip = std::function<bool(const std::string& name, const std::string& commit)>;
+  Relinking(Store& store, const std::set<InodeKey>& inodes, const Skip& skip = {});
+  Relinking(const Relinking&) = delete;
+  Relinking& operator=(const Relinking&) = delete;
+  ~Relinking() { finish(); }
+  void finish();
+
+ private:
+  struct Recorded {
+    std::string name;
+    Manifest manifest;
+    std::vector<std::size_t> files;  // indexes into manifest.files still as recorded
+  };
+  void remember(const std::string& name, const std::string& commit, const std::set<InodeKey>& inodes);
+
+  Store& store_;
+  std::unique_lock<std::shared_mutex> lock_;
+  std::vector<Recorded> recorded_;
+};
 
 }  // namespace modeld::store::detail

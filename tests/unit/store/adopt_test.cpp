@@ -1,4 +1,5 @@
 #include "store/store.hpp"
+#include "unit/store/clock.hpp"
 #include "unit/store/listing.hpp"
 #include "unit/verify/test_files.hpp"
 #include "verify/hash.hpp"
@@ -172,4 +173,29 @@ TEST_CASE("a symlink an operator made at models_dir/NAME is not a stored model",
   fs::create_directories(d / "data");
   fs::create_directory_symlink(d / "data", d / "mine");
   CHECK(s.list().empty());
+}
+
+TEST_CASE("adopting hard links of a verified revision's files keeps that revision's manifest true", "[store][adopt]") {
+  Fixture fx;
+  // Model v's verified revision holds config.json; the folder to adopt holds a hard link of it.
+  const std::string kV = "5555555555555555555555555555555555555555";
+  REQUIRE(fx.store.prepare_revision("v", kV).has_value());
+  const auto src = fx.store.revision_dir("v", kV) / "config.json";
+  write_file(src, fx.config);
+  fs::remove(fx.folder / "config.json");
+  fs::create_hard_link(src, fx.folder / "config.json");
+  auto id = store::identity_of(src);
+  REQUIRE(id.has_value());
+  store::Manifest m{"org/v", "main", kV, "2026-11-29T19:39:42Z",
+                    {{"config.json", fx.config.size(), "", fx.files[1].blob_id, *id}}};
+  REQUIRE(fx.store.write_manifest("v", m).has_value());
+  REQUIRE(fx.store.manifest_still_matches("v", kV));
+
+  // Adoption links the same inode into model m's revision: its ctime moves.
+  let_the_clock_pass(fx.dir.path, id->ctime_ns);
+  auto adopted = fx.store.adopt("m", kCommit, fx.files, fx.folder, 2);
+  REQUIRE(adopted.has_value());
+  CHECK(inode(fx.store.revision_dir("m", kCommit) / "config.json") == inode(src));
+  CHECK(store::identity_of(src)->ctime_ns != id->ctime_ns);
+  CHECK(fx.store.manifest_still_matches("v", kV));
 }

@@ -1,4 +1,5 @@
 #include "store/store.hpp"
+#include "unit/store/clock.hpp"
 #include "unit/store/listing.hpp"
 #include "unit/verify/test_files.hpp"
 #include "verify/hash.hpp"
@@ -48,6 +49,15 @@ std::uint64_t inode(const fs::path& p) {
 std::string link_target(const fs::path& p) {
   std::error_code ec;
   return fs::read_symlink(p, ec).string();
+}
+
+// The newest ctime among the files of a revision's manifest.
+std::int64_t newest_ctime(Store& s, const std::string& name, const std::string& commit) {
+  auto m = s.read_manifest(name, commit);
+  REQUIRE((m && *m));
+  std::int64_t newest = 0;
+  for (const auto& f : (*m)->files) newest = std::max(newest, f.identity.ctime_ns);
+  return newest;
 }
 
 }  // namespace
@@ -440,4 +450,89 @@ TEST_CASE("the disk plan evicts never-active and least recently active models fi
     auto q = store::plan_disk(0, 0, 0, {});
     CHECK(q.fits);
   }
+}
+
+TEST_CASE("a revision sharing files with the one modeld removes still matches its manifest, until a real change") {
+  TempDir dir;
+  Store s(dir.path);
+  const std::string weights(4096, 'w');
+  std::map<std::string, std::string> va{{"model.safetensors", weights}, {"config.json", R"({"v": 1})"}};
+  hub::Snapshot a{"org/model", "main", kA, {listed("config.json", va["config.json"], false),
+                                            listed("model.safetensors", weights, true)}};
+  install_verified(s, "m", a, va);
+  REQUIRE(s.switch_link("m", kA).has_value());
+
+  // A new commit changes config.json only: the weights are hard-linked (nlink 1 -> 2, ctime moves).
+  let_the_clock_pass(dir.path, newest_ctime(s, "m", kA));
+  std::map<std::string, std::string> vb{{"model.safetensors", weights}, {"config.json", R"({"v": 2})"}};
+  hub::Snapshot b{"org/model", "main", kB, {listed("config.json", vb["config.json"], false),
+                                            listed("model.safetensors", weights, true)}};
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  auto missing = s.link_unchanged_and_list_missing("m", b);
+  REQUIRE(missing.has_value());
+  REQUIRE(missing->size() == 1);
+  CHECK(s.manifest_still_matches("m", kA));  // the revision in service, while the next one is planned
+  CHECK(s.manifest_still_matches_settled("m", kA));
+  install_verified(s, "m", b, vb);
+  REQUIRE(s.switch_link("m", kB).has_value());
+
+  // The switch done, the old revision goes (nlink 2 -> 1, ctime moves again).
+  let_the_clock_pass(dir.path, newest_ctime(s, "m", kB));
+  const auto shared = s.revision_dir("m", kB) / "model.safetensors";
+  const auto before = store::identity_of(shared);
+  REQUIRE(before.has_value());
+
+  SECTION("the kept revision still matches") {
+    REQUIRE(s.remove_other_revisions("m", kB).has_value());
+    CHECK_FALSE(fs::exists(s.revision_dir("m", kA)));
+    auto after = store::identity_of(shared);
+    REQUIRE(after.has_value());
+    CHECK(after->ctime_ns != before->ctime_ns);  // the removal did move the ctime
+    CHECK(s.manifest_still_matches("m", kB));
+    CHECK(s.manifest_still_matches_settled("m", kB));
+
+    // An edit in place of the same size is still seen.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    auto now = *after;
+    while (now.mtime_ns == after->mtime_ns && std::chrono::steady_clock::now() < deadline) {
+      int fd = ::open(shared.c_str(), O_WRONLY);
+      REQUIRE(fd >= 0);
+      REQUIRE(::pwrite(fd, "Z", 1, 10) == 1);
+      ::close(fd);
+      auto id = store::identity_of(shared);
+      REQUIRE(id.has_value());
+      now = *id;
+    }
+    CHECK(now.mtime_ns != after->mtime_ns);
+    CHECK_FALSE(s.manifest_still_matches("m", kB));
+  }
+  SECTION("a change seen before the removal is not re-recorded by it") {
+    // chmod moves only the ctime: a change modeld did not make, so it stays a difference.
+    REQUIRE(::chmod(shared.c_str(), 0600) == 0);
+    CHECK_FALSE(s.manifest_still_matches("m", kB));
+    let_the_clock_pass(dir.path, store::identity_of(shared)->ctime_ns);
+    REQUIRE(s.remove_other_revisions("m", kB).has_value());
+    CHECK_FALSE(s.manifest_still_matches("m", kB));
+  }
+  SECTION("a truncated file is still seen after the removal") {
+    REQUIRE(::truncate(shared.c_str(), 100) == 0);
+    REQUIRE(s.remove_other_revisions("m", kB).has_value());
+    CHECK_FALSE(s.manifest_still_matches("m", kB));
+  }
+}
+
+TEST_CASE("removing a model keeps the manifest of another model that shares its files true") {
+  TempDir dir;
+  Store s(dir.path);
+  const std::string weights(2048, 'x');
+  hub::Snapshot a{"org/model", "main", kA, {listed("model.safetensors", weights, true)}};
+  install_verified(s, "x", a, {{"model.safetensors", weights}});
+  REQUIRE(s.switch_link("x", kA).has_value());
+  // Model y holds the same file by hard link (as an adoption from x's store makes it).
+  REQUIRE(s.prepare_revision("y", kA).has_value());
+  fs::create_hard_link(s.revision_dir("x", kA) / "model.safetensors", s.revision_dir("y", kA) / "model.safetensors");
+  install_verified(s, "y", a, {{"model.safetensors", weights}});
+  let_the_clock_pass(dir.path, newest_ctime(s, "y", kA));
+  REQUIRE(s.remove_model("x").has_value());
+  CHECK(s.manifest_still_matches("y", kA));
 }
