@@ -394,6 +394,37 @@ asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
   co_return result;
 }
 
+// What the daemon's state learns from a phase that succeeded: after freeing_disk, whether
+// allow_downtime evicted the model that served; after health_checking, that the new model serves
+// (recorded before the optional benchmark), and its older revisions go.
+asio::awaitable<void> Deployer::after_phase(Running& r, Phase p) {
+  auto& d = r.record;
+  if (p == Phase::freeing_disk && state_.active && !services_.store.linked_commit(state_.active->model)) {
+    sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: no model is active until {} serves",
+              state_.active->model, d.model);
+    state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
+    state_.active.reset();
+    save_state(r);
+  }
+  if (p != Phase::health_checking) co_return;
+  auto now = util::rfc3339(std::chrono::system_clock::now());
+  if (state_.active) state_.last_active[state_.active->model] = now;
+  state_.active = ActiveRecord{d.model, *d.commit, now};
+  state_.last_active[d.model] = now;
+  save_state(r);
+  // On the disk pool: deleting a revision of hundreds of GB takes time. By reference only
+  // (GCC 12 mis-copies class objects captured by value in a coroutine).
+  auto rm = co_await util::on_pool<Result<std::uint64_t>>(
+      services_.disk_pool, [&] { return services_.store.remove_other_revisions(d.model, *d.commit); });
+  if (rm && *rm > 0)
+    sys::logf(sys::Level::info, r.run->fields(), "removed older revisions of {} ({})", d.model, util::format_bytes(*rm));
+}
+
+void Deployer::save_state(Running& r) {
+  if (auto s = states_.save(state_); !s)
+    sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
+}
+
 asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) {
   Running& r = *rp;
   auto& d = r.record;
@@ -446,31 +477,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         break;
       }
       if (p == Phase::planning) order = order_of(d.downtime_first);
-      if (p == Phase::freeing_disk && state_.active && !services_.store.linked_commit(state_.active->model)) {
-        // allow_downtime evicted the model that served: nothing serves it any more.
-        sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: no model is active until {} serves",
-                  state_.active->model, d.model);
-        state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
-        state_.active.reset();
-        if (auto s = states_.save(state_); !s)
-          sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
-      }
-      if (p == Phase::health_checking) {
-        // The new model serves: record it before the optional benchmark.
-        auto now = util::rfc3339(std::chrono::system_clock::now());
-        if (state_.active) state_.last_active[state_.active->model] = now;
-        state_.active = ActiveRecord{d.model, *d.commit, now};
-        state_.last_active[d.model] = now;
-        if (auto s = states_.save(state_); !s)
-          sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
-        // On the disk pool: deleting a revision of hundreds of GB takes time. By reference only
-        // (GCC 12 mis-copies class objects captured by value in a coroutine).
-        auto rm = co_await util::on_pool<Result<std::uint64_t>>(
-            services_.disk_pool, [&] { return services_.store.remove_other_revisions(d.model, *d.commit); });
-        if (rm && *rm > 0)
-          sys::logf(sys::Level::info, r.run->fields(), "removed older revisions of {} ({})", d.model,
-                    util::format_bytes(*rm));
-      }
+      co_await after_phase(r, p);
     }
     if (!failure) {
       finish(r, State::succeeded, std::nullopt);

@@ -85,6 +85,11 @@ class Deployer final : public Engine {
   struct Running;
   boost::asio::awaitable<void> drive(std::shared_ptr<Running> r, Phase first);
   boost::asio::awaitable<Result<void>> run_phase(Running& r, Phase p);
+  // Applies what a phase that succeeded changed to the daemon's state (eviction of the active
+  // model, the new model in service and its older revisions removed); disk work on the pool.
+  boost::asio::awaitable<void> after_phase(Running& r, Phase p);
+  // Writes state.json, logging (not failing) when it cannot.
+  void save_state(Running& r);
   void begin(Deployment d, Phase first);
   void finish(Running& r, State state, std::optional<Error> error);
   void persist(const Deployment& d);
