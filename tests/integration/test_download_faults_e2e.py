@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -57,12 +57,6 @@ def env(tmp_path_factory):
 
 # --- helpers -----------------------------------------------------------------------------------
 
-def set_faults(env, **faults) -> None:
-    """Replaces the hub's fault settings (atomically: the hub never reads half a file)."""
-    tmp = env.hub_control.with_suffix(".tmp")
-    tmp.write_text(json.dumps(faults))
-    os.replace(tmp, env.hub_control)
-
 
 def shards(env, name: str) -> list[str]:
     return sorted(p.name for p in (env.repos / "acme" / name).glob("*.safetensors"))
@@ -90,12 +84,12 @@ def wire_bytes(stats: dict, name: str) -> int:
 
 def deploy_under(env, name: str, expect_exit: int = 0, **faults) -> tuple[dict, float]:
     """Deploys NAME with `faults` switched on; returns the deployment and how long it took."""
-    set_faults(env, **faults)
+    write_control(env.hub_control, **faults)
     t0 = time.monotonic()
     try:
         dep = env.deploy_and_wait(name, expect_exit)
     finally:
-        set_faults(env)
+        write_control(env.hub_control)
     return dep, time.monotonic() - t0
 
 
@@ -306,7 +300,7 @@ def partials(env, name: str) -> dict[str, int]:
 
 
 def test_a_listing_that_fails_on_resume_fails_the_deployment_and_keeps_the_partials(env):
-    set_faults(env, throttle=1_000_000)
+    write_control(env.hub_control, throttle=1_000_000)
     try:
         started = env.modelctl("--json", "deploy", "resume")
         assert started.returncode == 0, started.stdout + started.stderr
@@ -316,7 +310,7 @@ def test_a_listing_that_fails_on_resume_fails_the_deployment_and_keeps_the_parti
         assert env.modelctl("cancel").returncode == 0
         wait_for("the cancel", lambda: env.status()["deployment"]["state"] != "running", timeout=60)
     finally:
-        set_faults(env)
+        write_control(env.hub_control)
     assert env.status()["deployment"]["state"] == "cancelled"
     kept = partials(env, "resume")
     assert kept and sum(kept.values()) > 0, "a cancelled download keeps its partial files"

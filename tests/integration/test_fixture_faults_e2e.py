@@ -17,12 +17,11 @@ from __future__ import annotations
 import filecmp
 import hashlib
 import json
-import os
 import urllib.request
 
 import pytest
 
-from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
+from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -57,12 +56,6 @@ def env(tmp_path_factory):
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-def set_faults(env, **faults) -> None:
-    """Replaces the hub's fault settings (atomically: the hub never reads half a file)."""
-    tmp = env.hub_control.with_suffix(".tmp")
-    tmp.write_text(json.dumps(faults))
-    os.replace(tmp, env.hub_control)
 
 
 def shards(env, name: str) -> list[str]:
@@ -119,12 +112,12 @@ def test_a_download_through_a_cdn_on_another_host_works_and_the_cdn_never_sees_t
 
 @pytest.mark.parametrize("name,status", [("flaky", 502), ("flakyreset", "reset")])
 def test_a_resolve_step_that_fails_twice_is_retried_and_the_download_succeeds(env, name, status):
-    set_faults(env, resolve_fail_first=2, resolve_fail_glob=f"acme/{name}/*.safetensors",
+    write_control(env.hub_control, resolve_fail_first=2, resolve_fail_glob=f"acme/{name}/*.safetensors",
                resolve_fail_status=status, retry_after="0")
     try:
         dep = env.deploy_and_wait(name)
     finally:
-        set_faults(env)
+        write_control(env.hub_control)
     assert dep["state"] == "succeeded", dep
     assert_served_files_match(env, name)
     for s in shards(env, name):
@@ -135,12 +128,12 @@ def test_a_resolve_step_that_fails_twice_is_retried_and_the_download_succeeds(en
 
 def test_a_resolve_step_that_never_recovers_fails_the_deployment_with_hub_unavailable(env):
     active = env.status()["active"]
-    set_faults(env, resolve_fail_first=1000, resolve_fail_glob="acme/gone/*.safetensors",
+    write_control(env.hub_control, resolve_fail_first=1000, resolve_fail_glob="acme/gone/*.safetensors",
                resolve_fail_status=502, retry_after="0")
     try:
         dep = env.deploy_and_wait("gone", expect_exit=1)
     finally:
-        set_faults(env)
+        write_control(env.hub_control)
     assert dep["state"] == "failed" and dep["phase"] == "downloading", dep
     assert dep["error"]["code"] == "hub_unavailable", dep["error"]
     message = dep["error"]["message"]
@@ -161,7 +154,7 @@ def test_a_push_during_a_download_leaves_the_deployment_at_its_planned_commit_ev
     name = "pushed"
     old_bytes = {s: (env.repos / "acme" / name / s).read_bytes() for s in shards(env, name)}
     held = f"acme/{name}/{shards(env, name)[1]}"
-    set_faults(env, hold=held)
+    write_control(env.hub_control, hold=held)
     try:
         assert env.modelctl("deploy", name).returncode == 0
         wait_for("the second shard's download to be held at half",
@@ -180,7 +173,7 @@ def test_a_push_during_a_download_leaves_the_deployment_at_its_planned_commit_ev
         wait_for("modeld's control socket after the restart", lambda: env.modelctl("status").returncode == 0,
                  timeout=60)
     finally:
-        set_faults(env)  # releases the hold
+        write_control(env.hub_control)  # releases the hold
     dep = wait_for("the deployment to end",
                    lambda: (d := env.status()["deployment"])["state"] != "running" and d, timeout=120)
     assert dep["state"] == "succeeded", dep

@@ -23,7 +23,7 @@ import subprocess
 
 import pytest
 
-from modeld_env import ModeldEnv, free_port, model_table, wait_for
+from modeld_env import ModeldEnv, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -69,12 +69,6 @@ def env(user):
         e.stop()
 
 
-def set_faults(env: ModeldEnv, **faults) -> None:
-    """Replaces the hub's fault settings (atomically: the hub never reads half a file)."""
-    tmp = env.hub_control.with_suffix(".tmp")
-    tmp.write_text(json.dumps(faults))
-    os.replace(tmp, env.hub_control)
-
 
 def listing_requests(env: ModeldEnv, since: int, repo: str) -> tuple[list[str], list[str]]:
     """(resolve requests, full listing requests) of `repo` after the first `since` log lines."""
@@ -97,7 +91,7 @@ def answer(p: subprocess.Popen) -> tuple[int, dict]:
 
 
 def test_concurrent_plans_of_a_user_share_one_listing_of_a_huge_repository(env):
-    set_faults(env, listing_synthetic=EXTRA_FILES, listing_delay=2)
+    write_control(env.hub_control, listing_synthetic=EXTRA_FILES, listing_delay=2)
     since = len(env.hub.requests())
     plans = [plan_as(env, USER, "model-a") for _ in range(2)]
     for p in plans:
@@ -110,7 +104,7 @@ def test_concurrent_plans_of_a_user_share_one_listing_of_a_huge_repository(env):
 
 
 def test_a_second_plan_at_the_same_commit_makes_no_listing_request(env):
-    set_faults(env, listing_synthetic=EXTRA_FILES)
+    write_control(env.hub_control, listing_synthetic=EXTRA_FILES)
     since = len(env.hub.requests())
     code, j = answer(plan_as(env, USER, "model-a"))
     assert code in (0, 1), j
@@ -121,7 +115,7 @@ def test_a_second_plan_at_the_same_commit_makes_no_listing_request(env):
 
 
 def test_a_user_beyond_two_plans_at_once_is_answered_429_and_root_still_gets_through(env, user):
-    set_faults(env, listing_delay=3)
+    write_control(env.hub_control, listing_delay=3)
     since = len(env.hub.requests())
     mine = [plan_as(env, USER, "model-b") for _ in range(3)]
     wait_for("the first plan to reach the hub", lambda: any(listing_requests(env, since, "acme/model-b")), timeout=60)
@@ -141,7 +135,7 @@ def test_a_user_beyond_two_plans_at_once_is_answered_429_and_root_still_gets_thr
     assert entry, f"no journal line refusing uid {user.pw_uid}'s plan"
     assert "requests that list the Hub" in entry["MESSAGE"], entry
     # Places are given back: the user plans again.
-    set_faults(env)
+    write_control(env.hub_control)
     code, j = answer(plan_as(env, USER, "model-b"))
     assert code in (0, 1) and "error" not in j, j
 
@@ -159,7 +153,7 @@ def drip_env():
 
 def test_a_listing_that_trickles_ends_in_timeout_after_listing_timeout_with_retries(drip_env):
     env = drip_env
-    set_faults(env, listing_drip=0.5)
+    write_control(env.hub_control, listing_drip=0.5)
     since = len(env.hub.requests())
     r = env.modelctl("--json", "deploy", "model-d")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -171,7 +165,7 @@ def test_a_listing_that_trickles_ends_in_timeout_after_listing_timeout_with_retr
         d = env.status()["deployment"] or {}
         if d.get("state") == "running":
             env.modelctl("cancel")
-        set_faults(env)
+        write_control(env.hub_control)
     d = env.status()["deployment"]
     assert d["phase"] == "planning", d
     assert d["error"]["code"] == "timeout", d
