@@ -11,6 +11,7 @@
 #include "util/files.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -240,6 +241,10 @@ class SystemdManager final : public ServiceManager {
   // Runs `work(bus)` on the bus thread and resumes the caller on its own executor with the result.
   // Deliberately not a coroutine itself: GCC 12 destroys a by-value parameter of a coroutine
   // twice when it was moved from inside a co_await expression; co_spawn owns `work` instead.
+  // The caller's cancellation is not forwarded: a bus call is one blocking step that cannot be
+  // interrupted, and Boost 1.81's co_spawn posts the forwarded cancellation to the bus thread,
+  // where it ran after the call had finished and its state was gone (modeld crashed on a cancel
+  // during launching). A cancel reaches the caller when the call returns.
   template <class T, class F>
   asio::awaitable<Result<T>> on_bus(F work) {
     return asio::co_spawn(
@@ -255,7 +260,7 @@ class SystemdManager final : public ServiceManager {
           }
           co_return result;
         },
-        asio::use_awaitable);
+        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   }
 
   // systemd re-executing or the bus daemon restarting drops the connection; open a new one
