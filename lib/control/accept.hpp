@@ -1,7 +1,6 @@
 #pragma once
-// What the control socket's server and the TCP /metrics listener share: accepting connections,
-// running detached coroutines whose exceptions are logged, and rate-limiting the journal lines
-// about refused connections. Internal to lib/control (it pulls
+// What the control socket's server and the TCP /metrics listener share: accepting connections
+// and running detached coroutines whose exceptions are logged. Internal to lib/control (it pulls
 // in Asio; keep it out of public headers).
 
 #include "sys/log.hpp"
@@ -15,9 +14,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
-#include <cstddef>
 #include <exception>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -36,27 +33,6 @@ inline void spawn_logged(boost::asio::any_io_executor executor, boost::asio::awa
     }
   });
 }
-
-/// Counts refused connections so that they are told at most once per 10 s: a client in a
-/// reconnect loop must not flood the journal. Not thread-safe (one per listener, on its loop).
-class RefusalNotes {
- public:
-  using Clock = std::chrono::steady_clock;
-  static constexpr std::chrono::seconds every{10};  ///< the shortest time between two lines
-
-  /// Counts one refused connection at `now`. Returns how many were counted since the last line
-  /// was due (this one included) when a line is due now, else nullopt (write nothing then).
-  std::optional<std::size_t> count(Clock::time_point now = Clock::now()) {
-    ++since_line_;
-    if (last_line_ && now - *last_line_ < every) return std::nullopt;
-    last_line_ = now;
-    return std::exchange(since_line_, 0);
-  }
-
- private:
-  std::size_t since_line_ = 0;
-  std::optional<Clock::time_point> last_line_;
-};
 
 /// Accepts connections on `owner.acceptor` until it is closed or `owner.stopped` is set, giving
 /// each socket to `owner.accepted(socket)`. A failed accept (EMFILE and the like, which repeat at

@@ -4,8 +4,8 @@
 // carry. Internal to lib/control (it pulls in Asio); times are passed in, so that the choice is
 // tested without sockets or clocks.
 
-#include "control/accept.hpp"
 #include "control/metrics.hpp"
+#include "util/throttle.hpp"
 
 #include <boost/asio/ip/address.hpp>
 
@@ -91,7 +91,7 @@ class ClosedNotes {
   std::optional<std::string> closed(const std::string& from, Clock::time_point now = Clock::now());
 
  private:
-  RefusalNotes rate_;
+  util::LogThrottle rate_{std::chrono::seconds(10)};
   std::map<std::string, std::size_t> by_address_;
   std::size_t unnamed_ = 0;
 };

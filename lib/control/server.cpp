@@ -5,6 +5,7 @@
 #include "control/server.hpp"
 
 #include "control/accept.hpp"
+#include "util/throttle.hpp"
 
 #include "sys/log.hpp"
 #include "util/files.hpp"
@@ -139,7 +140,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   bool stopped = false;
   std::uint64_t next_id = 0;
   std::unordered_map<std::uint64_t, std::weak_ptr<Conn>> conns;
-  detail::RefusalNotes refusals;
+  util::LogThrottle refusals{std::chrono::seconds(10)};  // one journal line per 10 s at most
 
   asio::awaitable<void> accept_loop();
   void accepted(local::socket socket);  // for detail::accept_each: checks the peer and starts a session

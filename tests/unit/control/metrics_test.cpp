@@ -430,14 +430,3 @@ TEST_CASE("a connection whose answer is not read gives its place to a new one fr
   CHECK(served.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
   CHECK(closed_by_server(unread.fds[0]));
 }
-
-TEST_CASE("refused connections are told at most once per 10 s, with the count since the last line") {
-  detail::RefusalNotes notes;
-  const auto t0 = detail::RefusalNotes::Clock::time_point() + std::chrono::hours(1);
-  CHECK(notes.count(t0) == std::optional<std::size_t>(1));
-  CHECK_FALSE(notes.count(t0 + std::chrono::seconds(1)));
-  CHECK_FALSE(notes.count(t0 + std::chrono::milliseconds(9999)));
-  CHECK(notes.count(t0 + std::chrono::seconds(10)) == std::optional<std::size_t>(3));
-  CHECK_FALSE(notes.count(t0 + std::chrono::seconds(11)));
-  CHECK(notes.count(t0 + std::chrono::seconds(60)) == std::optional<std::size_t>(2));
-}

@@ -13,4 +13,5 @@ TEST_CASE("a log throttle lets one line through per period, with the count since
   CHECK_FALSE(t.count(t0 + 9s));
   CHECK(t.count(t0 + 10s) == std::optional<std::size_t>(3));
   CHECK_FALSE(t.count(t0 + 11s));
+  CHECK(t.count(t0 + 60s) == std::optional<std::size_t>(2));
 }
