@@ -338,14 +338,23 @@ awaitable<Result<Hub::Shared>> Hub::list_uncached(std::string repo, std::string 
   co_return fetched;
 }
 
+// {endpoint}/api/models/{repo}/revision/{revision}?{query}, the revision percent-encoded whole;
+// bad_request naming `what` when that is no URL.
+Result<http::Url> Hub::revision_url(const std::string& repo, const std::string& revision, std::string_view query,
+                                    const std::string& what) const {
+  auto url = http::Url::parse(fmt::format("{}/api/models/{}/revision/{}?{}", endpoint_, util::url_encode_path(repo),
+                                          util::url_encode_segment(revision), query));
+  if (!url) return make_error(Errc::bad_request, fmt::format("{}: {}", what, url.error().message));
+  return url;
+}
+
 // A branch or tag to its commit, without the listing: GET .../revision/REV?expand=sha answers
 // {"_id", "id", "sha"} on the Hub (a server that ignores `expand` sends the whole listing, whose
 // siblings are skipped).
 awaitable<Result<std::string>> Hub::resolve_commit(const std::string& repo, const std::string& revision) {
   const std::string what = fmt::format("listing {} at {}", repo, revision);
-  auto url = http::Url::parse(fmt::format("{}/api/models/{}/revision/{}?expand=sha", endpoint_,
-                                          util::url_encode_path(repo), util::url_encode_segment(revision)));
-  if (!url) co_return make_error(Errc::bad_request, fmt::format("{}: {}", what, url.error().message));
+  auto url = revision_url(repo, revision, "expand=sha", what);
+  if (!url) co_return url.error();
   auto r = co_await get(*url, kMaxListing, what);
   if (!r) co_return r.error();
   auto snap = co_await parse(std::move(*r), what, false);
@@ -355,9 +364,8 @@ awaitable<Result<std::string>> Hub::resolve_commit(const std::string& repo, cons
 
 awaitable<Result<Hub::Shared>> Hub::fetch_listing(const std::string& repo, const std::string& commit,
                                                   const std::string& what) {
-  auto url = http::Url::parse(fmt::format("{}/api/models/{}/revision/{}?blobs=true", endpoint_,
-                                          util::url_encode_path(repo), util::url_encode_segment(commit)));
-  if (!url) co_return make_error(Errc::bad_request, fmt::format("{}: {}", what, url.error().message));
+  auto url = revision_url(repo, commit, "blobs=true", what);
+  if (!url) co_return url.error();
   auto r = co_await get(*url, kMaxListing, what);
   if (!r) co_return r.error();
   auto snap = co_await parse(std::move(*r), what, true);

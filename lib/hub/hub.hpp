@@ -145,6 +145,8 @@ class Hub {
   using Shared = std::shared_ptr<const Snapshot>;
   boost::asio::awaitable<Result<Shared>> list_uncached(std::string repo, std::string revision);
   boost::asio::awaitable<Result<std::string>> resolve_commit(const std::string& repo, const std::string& revision);
+  Result<http::Url> revision_url(const std::string& repo, const std::string& revision, std::string_view query,
+                                 const std::string& what) const;
   boost::asio::awaitable<Result<Shared>> fetch_listing(const std::string& repo, const std::string& commit,
                                                        const std::string& what);
   boost::asio::awaitable<Result<Snapshot>> parse(http::Response response, const std::string& what, bool want_files);
