@@ -781,27 +781,24 @@ struct BusyGuard {
 asio::awaitable<Result<PlanReport>> Deployer::plan(std::string model, bool allow_downtime) {
   // The configuration and the state may change while the Hub answers; the plan keeps its copies.
   auto cfg = services_.config;
-  if (!cfg->find_model(model))
-    co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+  const auto* m = cfg->find_model(model);
+  if (!m) co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
   // Concurrent plans of one model under one configuration share one dry run (one listing, one
   // filtered copy of it). The key holds the configuration's address, alive while its flight runs.
   const std::string key = fmt::format("{}\n{}\n{}", model, allow_downtime, static_cast<const void*>(cfg.get()));
   ++plans_waiting_;
-  auto report = co_await plans_.run(key, [&] { return plan_now(cfg, model, allow_downtime); });
+  auto report = co_await plans_.run(key, [&] { return plan_now(*m, allow_downtime); });
   // The listing's records and the plans' copies of them are freed by now: give the pages back
   // (on the event loop: a few ms), once, when the last plan of a burst has its answer.
   if (--plans_waiting_ == 0) util::release_free_memory();
   co_return report;
 }
 
-asio::awaitable<Result<PlanReport>> Deployer::plan_now(std::shared_ptr<const config::Config> cfg, std::string model,
-                                                       bool allow_downtime) {
-  const auto* m = cfg->find_model(model);
-  if (!m) co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig& m, bool allow_downtime) {
   std::optional<std::string> active;
   if (state_.active) active = state_.active->model;
   const auto last_active = state_.last_active;
-  co_return co_await dry_run_plan(services_, *m, allow_downtime, active, last_active);
+  co_return co_await dry_run_plan(services_, m, allow_downtime, active, last_active);
 }
 
 asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {

@@ -106,8 +106,8 @@ class Deployer final : public Engine {
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
-  boost::asio::awaitable<Result<PlanReport>> plan_now(std::shared_ptr<const config::Config> cfg, std::string model,
-                                                      bool allow_downtime);
+  // The dry run of plan() for model `m` of the configuration plan() holds while it runs.
+  boost::asio::awaitable<Result<PlanReport>> plan_now(const config::ModelConfig& m, bool allow_downtime);
 
   boost::asio::io_context& io_;
   Services services_;

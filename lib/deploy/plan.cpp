@@ -110,10 +110,6 @@ Result<std::optional<std::vector<hub::RepoFile>>> link_into_revision(store::Stor
   return std::optional<std::vector<hub::RepoFile>>(std::move(*missing));
 }
 
-}  // namespace
-
-namespace {
-
 // Why no file system could hold `path` beside the other listed files (`dirs`: every folder the
 // listing implies), or nullopt: a name longer than NAME_MAX, or a path both a file and a folder.
 std::optional<std::string> unstorable(const std::string& path, const std::set<std::string, std::less<>>& dirs) {
