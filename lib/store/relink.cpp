@@ -8,28 +8,11 @@
 
 #include "util/text.hpp"
 
-#include <sys/stat.h>
-#include <system_error>
-
 namespace modeld::store::detail {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-bool is_real_directory(const fs::path& p) {
-  struct stat st {};
-  return ::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// The sub-folder names of `dir` that are real directories (never symlinks).
-std::vector<std::string> folders_in(const fs::path& dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (is_real_directory(it->path())) out.push_back(it->path().filename().string());
-  return out;
-}
 
 // The same file as recorded, but for the ctime a change of its link count moves.
 bool same_but_ctime(const FileIdentity& a, const FileIdentity& b) {
@@ -43,8 +26,8 @@ Relinking::Relinking(Store& store, const std::set<InodeKey>& inodes, const Skip&
   if (inodes.empty()) return;
   const auto root = store_.models_dir() / ".store";
   if (!is_real_directory(root)) return;
-  for (const auto& name : folders_in(root)) {
-    for (const auto& commit : folders_in(root / name))
+  for (const auto& name : subdirectories(root)) {
+    for (const auto& commit : subdirectories(root / name))
       if (check_names(name, commit) && !(skip && skip(name, commit))) remember(name, commit, inodes);
   }
 }

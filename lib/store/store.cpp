@@ -68,10 +68,6 @@ void collect_inodes(const fs::path& root, std::set<InodeKey>& seen) {
   });
 }
 
-}  // namespace detail
-
-namespace {
-
 // Sub-folders of `dir` that are real directories (never symlinks), sorted.
 std::vector<std::string> subdirectories(const fs::path& dir) {
   std::vector<std::string> out;
@@ -88,6 +84,13 @@ bool is_real_directory(const fs::path& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::is_real_directory;
+using detail::subdirectories;
 
 std::atomic<unsigned> temp_counter{0};
 

@@ -34,6 +34,13 @@ std::uint64_t tree_bytes(const std::filesystem::path& root, std::set<InodeKey>& 
 /// Adds the (device, inode) of every regular file under `root` (not following symlinks) to `seen`.
 void collect_inodes(const std::filesystem::path& root, std::set<InodeKey>& seen);
 
+/// The names of the sub-folders of `dir` that are real directories (never symlinks), sorted;
+/// none when `dir` cannot be read. Blocks (readdir, lstat).
+std::vector<std::string> subdirectories(const std::filesystem::path& dir);
+
+/// Whether `p` is a directory itself, not a symlink to one (lstat). Blocks.
+bool is_real_directory(const std::filesystem::path& p);
+
 /// Keeps manifests true across one link or unlink of modeld's own: a file's identity includes its
 /// ctime, and a change of its link count (a hard link made or removed) changes the ctime.
 /// Constructed just before the operation: holds the store's relinking lock exclusively (so
