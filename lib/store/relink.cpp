@@ -10,8 +10,6 @@
 
 namespace modeld::store::detail {
 
-namespace fs = std::filesystem;
-
 namespace {
 
 // The same file as recorded, but for the ctime a change of its link count moves.
