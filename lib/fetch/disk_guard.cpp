@@ -14,14 +14,15 @@ Result<void> DiskGuard::acquire(std::string_view file, std::uint64_t bytes) {
   auto free = store::free_bytes(dir_);
   if (!free) return free.error();
   const std::uint64_t busy = util::add_bytes(granted_, bytes);
-  const std::uint64_t left = *free > busy ? *free - busy : 0;
-  if (left < reserve_ || *free < busy)
+  if (*free < util::add_bytes(busy, reserve_)) {
+    const std::uint64_t left = *free > busy ? *free - busy : 0;
     return make_error(Errc::disk_full,
                       fmt::format("{}: writing {} more bytes would leave {} bytes free on the file system of {} "
                                   "({} free, {} being written), below daemon.disk_reserve ({} bytes): stopped "
                                   "before the reserve was crossed",
                                   file, bytes, left, dir_.string(), *free, granted_, reserve_),
                       std::vector<std::string>{std::string(file)});
+  }
   granted_ = busy;
   return {};
 }
