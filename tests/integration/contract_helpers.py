@@ -5,6 +5,7 @@ yet", so it works with a wait that ends at the first exception."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -102,6 +103,19 @@ def hub_commit(env: ModeldEnv, repo: str, revision: str = "main") -> str:
     url = f"{env.hub.endpoint}/api/models/{repo}/revision/{revision}?expand=sha"
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())["sha"]
+
+
+def push(env: ModeldEnv, repo: str, max_new_tokens: int) -> str:
+    """A new commit of `repo` (ORG/NAME) that changes one small file, generation_config.json
+    (written aside and renamed over the old one, as git does, so the hub keeps serving the old
+    commit), and shares the shards; returns the new commit."""
+    gen = env.repos / repo / "generation_config.json"
+    cfg = json.loads(gen.read_text())
+    cfg["max_new_tokens"] = max_new_tokens
+    tmp = gen.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cfg))
+    os.replace(tmp, gen)
+    return hub_commit(env, repo)
 
 
 def link_target(env: ModeldEnv, model: str) -> str:

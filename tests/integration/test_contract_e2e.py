@@ -28,8 +28,8 @@ import time
 
 import pytest
 
-from contract_helpers import (MESSAGE_ID, answers, deployment, ended, hub_commit, in_phase, journal_mark, lines,
-                              link_target, ns_popen, reload, start_deploy, try_status, wait_line)
+from contract_helpers import (MESSAGE_ID, answers, deployment, ended, hub_commit, in_phase, journal_mark,
+                              lines, link_target, ns_popen, push, reload, start_deploy, try_status, wait_line)
 from modeld_env import ModeldEnv, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
@@ -134,11 +134,7 @@ def test_a_redeploy_of_the_serving_model_at_a_new_commit_switches_the_link(env):
     assert c1 == hub_commit(env, "acme/m") and link_target(env, "m") == c1
 
     # Push a new revision: one small file changes, so the commit does.
-    gen = env.repos / "acme" / "m" / "generation_config.json"
-    cfg = json.loads(gen.read_text())
-    cfg["max_new_tokens"] = 77
-    gen.write_text(json.dumps(cfg))
-    c2 = hub_commit(env, "acme/m")
+    c2 = push(env, "acme/m", 77)
     assert c2 != c1
     before = len(env.hub.requests())
     dep = env.deploy_and_wait("m")

@@ -8,14 +8,13 @@ a file (fake_vllm --load-until)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from contract_helpers import (MESSAGE_ID, answers, deployment, ended, hub_commit, in_phase, journal_mark, lines,
-                              link_target, restart_modeld_after_kill, start_deploy, wait_line)
+from contract_helpers import (MESSAGE_ID, answers, deployment, ended, in_phase, journal_mark,
+                              lines, link_target, push, restart_modeld_after_kill, start_deploy, wait_line)
 from modeld_env import BUILD_DIR, ModeldEnv, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -104,11 +103,7 @@ def test_a_kill_during_stopping_old_finishes_the_stop_then_launches(env):
 def test_a_kill_during_launching_stops_nothing_twice_and_launches_the_new_commit(env):
     unit = "modeld-serve@one.service"
     c_old = env.status()["active"]["commit"]
-    gen = env.repos / "acme" / "one" / "generation_config.json"
-    cfg = json.loads(gen.read_text())
-    cfg["max_new_tokens"] = 99
-    gen.write_text(json.dumps(cfg))
-    c_new = hub_commit(env, "acme/one")
+    c_new = push(env, "acme/one", 99)
     assert c_new != c_old
 
     # The old server's GPU memory "stays" after its stop: stopping_old waits (no bus call).

@@ -9,12 +9,11 @@ intact has it watched and restarted again."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from contract_helpers import (answers, deployment, ended, hub_commit, journal_mark, lines, link_target, start_deploy,
-                              try_status)
+from contract_helpers import (answers, deployment, ended, journal_mark, lines, link_target, push,
+                              start_deploy, try_status)
 from modeld_env import ModeldEnv, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
@@ -38,18 +37,6 @@ def env(tmp_path_factory):
         yield e
     finally:
         e.stop()
-
-
-def push(env: ModeldEnv, n: int) -> str:
-    """A new commit of acme/m that changes one small file (written aside, renamed over the old
-    one, as git does) and shares the shards; returns the new commit."""
-    gen = env.repos / "acme" / "m" / "generation_config.json"
-    cfg = json.loads(gen.read_text())
-    cfg["max_new_tokens"] = n
-    tmp = gen.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cfg))
-    os.replace(tmp, gen)
-    return hub_commit(env, "acme/m")
 
 
 def watching(env: ModeldEnv) -> dict:
@@ -84,7 +71,7 @@ def kill_and_see_it_restarted(env: ModeldEnv) -> None:
 def test_a_server_killed_after_a_redeploy_at_a_commit_sharing_files_is_restarted(env):
     first = env.deploy_and_wait("m")
     assert first["state"] == "succeeded", first
-    c2 = push(env, 2)
+    c2 = push(env, "acme/m", 2)
     assert c2 != first["commit"]
     dep = env.deploy_and_wait("m")
     assert dep["state"] == "succeeded" and dep["commit"] == c2, dep
@@ -101,7 +88,7 @@ def test_a_server_killed_after_a_redeploy_at_a_commit_sharing_files_is_restarted
 
 def test_a_server_killed_while_the_next_commit_is_planned_and_downloaded_is_restarted(env):
     c_old = link_target(env, "m")
-    c_new = push(env, 3)
+    c_new = push(env, "acme/m", 3)
     # The changed file's download is held: planning has linked the shards into the new revision.
     write_control(env.hub_control, hold="acme/m/generation_config.json")
     try:
