@@ -49,9 +49,9 @@ Result<VerifyReport> verify_blocking(store::Store& st, const std::string& name) 
   auto manifest = revision_to_verify(st, name);
   if (!manifest) return manifest.error();
   const auto dir = st.revision_dir(name, manifest->commit);
-  std::vector<hub::RepoFile> files;
+  std::vector<repo::RepoFile> files;
   for (const auto& mf : manifest->files) {
-    hub::RepoFile f;
+    repo::RepoFile f;
     f.path = mf.path;
     f.size = mf.size;
     f.blob_id = mf.git_sha1;

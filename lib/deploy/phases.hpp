@@ -50,8 +50,8 @@ struct Run {
   const config::ModelConfig& model;
   std::optional<ActiveRecord> previous;  ///< the model that served when the run started
   std::map<std::string, std::string> last_active;  ///< model -> RFC 3339, for eviction order
-  std::optional<hub::Snapshot> snapshot; ///< after planning, with files filtered
-  std::vector<hub::RepoFile> missing;    ///< files still to download, after planning
+  std::optional<repo::Snapshot> snapshot; ///< after planning, with files filtered
+  std::vector<repo::RepoFile> missing;    ///< files still to download, after planning
   std::set<std::string> fetched;         ///< paths hashed by this run (downloaded, or adopted)
   std::function<void()> changed;         ///< persist the record and tell listeners
   std::function<void(const fetch::Progress&)> on_progress;  ///< from the download engine
@@ -65,13 +65,13 @@ struct Run {
 /// and as a folder), a file under the revision's `.modeld/` (store::is_reserved_path), a file
 /// larger than `max_file_size` bytes (hub.max_file_size), or sizes whose sum does not fit in 64 bits.
 /// Errors: hub_bad_response naming the file (Error::files) and the model's config file.
-Result<void> check_listed_files(const config::ModelConfig& model, const hub::Snapshot& kept,
+Result<void> check_listed_files(const config::ModelConfig& model, const repo::Snapshot& kept,
                                 std::uint64_t max_file_size);
 
 /// What planning finds out before it touches the disk: the listing filtered by include/exclude,
 /// checked by check_listed_files and against what the checkpoint needs (filters, safetensors index).
 /// Errors: the Hub's, hub_bad_response, plan_invalid, checkpoint_incomplete.
-boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
+boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
                                                                  const std::string& revision);
 
 /// The eviction candidates of freeing_disk among `stored`: every model but the target, pinned

@@ -23,11 +23,11 @@ namespace {
 // otherwise a 600 GB download would end in verifying, or in the server's load, with a missing
 // shard.
 boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const config::ModelConfig& model,
-                                                        const hub::Snapshot& all, const hub::Snapshot& kept) {
+                                                        const repo::Snapshot& all, const repo::Snapshot& kept) {
   // Both listings are sorted by path: binary search, no copy of 100,000 names.
-  auto has = [](const hub::Snapshot& s, const std::string& path) {
+  auto has = [](const repo::Snapshot& s, const std::string& path) {
     auto it = std::lower_bound(s.files.begin(), s.files.end(), path,
-                               [](const hub::RepoFile& f, const std::string& p) { return f.path < p; });
+                               [](const repo::RepoFile& f, const std::string& p) { return f.path < p; });
     return it != s.files.end() && it->path == path;
   };
   for (const auto& index : kept.files) {
@@ -91,7 +91,7 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
     sys::logf(sys::Level::notice, f, "not adopted, to be downloaded: {}", r.reason);
   }
   std::set<std::string> taken(adopted->adopted.begin(), adopted->adopted.end());
-  std::erase_if(run.missing, [&](const hub::RepoFile& f) { return taken.contains(f.path); });
+  std::erase_if(run.missing, [&](const repo::RepoFile& f) { return taken.contains(f.path); });
   run.fetched.insert(taken.begin(), taken.end());
   sys::logf(sys::Level::notice, run.fields(),
             "adopted {} files ({}) from {} after hashing them (hard links, no copy); {} files left to download",
@@ -101,13 +101,13 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
 
 // The disk side of planning: nullopt when the revision is on disk and verified already, else the
 // files still missing after hard-linking unchanged ones from older revisions. Blocks.
-Result<std::optional<std::vector<hub::RepoFile>>> link_into_revision(store::Store& st, const std::string& name,
-                                                                    const hub::Snapshot& kept) {
+Result<std::optional<std::vector<repo::RepoFile>>> link_into_revision(store::Store& st, const std::string& name,
+                                                                    const repo::Snapshot& kept) {
   if (auto r = st.prepare_revision(name, kept.commit); !r) return r.error();
-  if (st.manifest_still_matches(name, kept.commit)) return std::optional<std::vector<hub::RepoFile>>{};
+  if (st.manifest_still_matches(name, kept.commit)) return std::optional<std::vector<repo::RepoFile>>{};
   auto missing = st.link_unchanged_and_list_missing(name, kept);
   if (!missing) return missing.error();
-  return std::optional<std::vector<hub::RepoFile>>(std::move(*missing));
+  return std::optional<std::vector<repo::RepoFile>>(std::move(*missing));
 }
 
 // Why no file system could hold `path` beside the other listed files (`dirs`: every folder the
@@ -122,7 +122,7 @@ std::optional<std::string> unstorable(const std::string& path, const std::set<st
   return std::nullopt;
 }
 
-std::set<std::string, std::less<>> folders_of(const std::vector<hub::RepoFile>& files) {
+std::set<std::string, std::less<>> folders_of(const std::vector<repo::RepoFile>& files) {
   std::set<std::string, std::less<>> dirs;
   for (const auto& f : files)
     for (auto slash = f.path.find('/'); slash != std::string::npos; slash = f.path.find('/', slash + 1))
@@ -132,7 +132,7 @@ std::set<std::string, std::less<>> folders_of(const std::vector<hub::RepoFile>& 
 
 }  // namespace
 
-Result<void> check_listed_files(const config::ModelConfig& model, const hub::Snapshot& kept,
+Result<void> check_listed_files(const config::ModelConfig& model, const repo::Snapshot& kept,
                                 std::uint64_t max_file_size) {
   const auto where = [&] { return fmt::format("the listing of {} at {}", model.repo, kept.commit); };
   const auto dirs = folders_of(kept.files);
@@ -168,14 +168,14 @@ Result<void> check_listed_files(const config::ModelConfig& model, const hub::Sna
   return {};
 }
 
-boost::asio::awaitable<Result<hub::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
+boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, const config::ModelConfig& model,
                                                                  const std::string& revision) {
   // Shared with the Hub's cache and concurrent plans: only the filtered copy is this plan's.
   auto listed = co_await s.hub.listing(model.repo, revision);
   if (!listed) co_return listed.error();
-  const hub::Snapshot* snap = listed->get();
+  const repo::Snapshot* snap = listed->get();
 
-  hub::Snapshot kept;
+  repo::Snapshot kept;
   kept.repo = snap->repo;
   kept.revision = revision;
   kept.commit = snap->commit;
@@ -213,7 +213,7 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
   const std::string revision = rec.commit.value_or(run.model.revision);
   auto listed = co_await list_planned_files(s, run.model, revision);
   if (!listed) co_return listed.error();
-  hub::Snapshot kept = std::move(*listed);
+  repo::Snapshot kept = std::move(*listed);
   const auto* snap = &kept;
 
   rec.commit = snap->commit;
@@ -221,7 +221,7 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
 
   // Stats and hard links of a store that may hold terabytes: on the disk pool. By reference only
   // (GCC 12 mis-copies class objects captured by value in a coroutine).
-  auto linked = co_await util::on_pool<Result<std::optional<std::vector<hub::RepoFile>>>>(
+  auto linked = co_await util::on_pool<Result<std::optional<std::vector<repo::RepoFile>>>>(
       s.disk_pool, [&] { return link_into_revision(s.store, run.model.name, kept); });
   if (!linked) co_return linked.error();
   if (!*linked) {
@@ -266,10 +266,10 @@ namespace {
 
 // The disk side of the dry run: what is local, linkable and partial, and the eviction plan.
 // Blocking (stats and tree walks): runs on the disk pool.
-Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, const hub::Snapshot& listed,
+Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, const repo::Snapshot& listed,
                                 PlanReport p, const std::optional<std::string>& active,
                                 const std::map<std::string, std::string>& last_active, bool allow_downtime) {
-  std::vector<hub::RepoFile> missing;
+  std::vector<repo::RepoFile> missing;
   if (s.store.manifest_still_matches(model.name, p.commit)) {
     p.verified = true;
     p.bytes_local = p.bytes_total;
@@ -287,7 +287,7 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
       p.bytes_adoptable = scan->candidate_bytes;
       std::set<std::string> adoptable;
       for (const auto& f : scan->candidates) adoptable.insert(f.path);
-      std::erase_if(missing, [&](const hub::RepoFile& f) { return adoptable.contains(f.path); });
+      std::erase_if(missing, [&](const repo::RepoFile& f) { return adoptable.contains(f.path); });
     }
   }
   p.files_to_fetch = missing.size();

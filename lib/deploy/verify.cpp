@@ -23,7 +23,7 @@ boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run) {
   }
 
   // Files the engine did not hash on arrival (already on disk, hard-linked) are hashed now.
-  std::vector<hub::RepoFile> unhashed;
+  std::vector<repo::RepoFile> unhashed;
   for (const auto& f : snap.files)
     if (!run.fetched.contains(f.path)) unhashed.push_back(f);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());

@@ -185,7 +185,7 @@ struct Segment;
 // partial file's I/O and the hasher, which pool jobs use while `hash_busy` (hasher) or a
 // segment's flush (its own byte range) is in flight.
 struct FileState {
-  FileState(const Options& o, const hub::RepoFile& f)
+  FileState(const Options& o, const repo::RepoFile& f)
       : file(f),
         kind(f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1),
         expected(util::ascii_lower(f.is_lfs() ? *f.lfs_sha256 : f.blob_id)),
@@ -193,7 +193,7 @@ struct FileState {
 
   enum class Stage { waiting, opening, open, finishing, done, failed };
 
-  const hub::RepoFile& file;
+  const repo::RepoFile& file;
   verify::HashKind kind;
   std::string expected;
   PartialFile part;
@@ -243,7 +243,7 @@ struct Segment {
 // What all workers of one run share; lives in the run's coroutine frame, which outlives them.
 struct RunState {
   RunState(hub::Hub& h, http::Client& c, asio::thread_pool& p, const Options& o,
-           const std::vector<hub::RepoFile>& list, std::function<void(const Progress&)> cb)
+           const std::vector<repo::RepoFile>& list, std::function<void(const Progress&)> cb)
       : hub(h),
         client(c),
         pool(p),
@@ -891,7 +891,7 @@ awaitable<void> worker(RunState& s) {
 }
 
 awaitable<Result<std::vector<Fetched>>> run_all(hub::Hub& hub, http::Client& client, asio::thread_pool& pool,
-                                                const Options& options, std::vector<hub::RepoFile> files,
+                                                const Options& options, std::vector<repo::RepoFile> files,
                                                 std::function<void(const Progress&)> on_progress) {
   // This coroutine has its own cancellation state (Fetcher::run spawns it), so changing how it
   // reacts to cancellation does not leak into the caller: it accepts terminal and total
@@ -965,7 +965,7 @@ awaitable<Result<std::vector<Fetched>>> run_all(hub::Hub& hub, http::Client& cli
 Fetcher::Fetcher(hub::Hub& hub, http::Client& client, asio::thread_pool& disk_pool, Options options)
     : hub_(hub), client_(client), pool_(disk_pool), options_(std::move(options)) {}
 
-awaitable<Result<std::vector<Fetched>>> Fetcher::run(std::vector<hub::RepoFile> files,
+awaitable<Result<std::vector<Fetched>>> Fetcher::run(std::vector<repo::RepoFile> files,
                                                      std::function<void(const Progress&)> on_progress) {
   // A child coroutine: the caller's cancellation reaches it through co_spawn, and its own
   // cancellation settings stay its own.

@@ -98,7 +98,7 @@ class Fetcher {
   /// (what arrived: e.g. an HTML page or an LFS pointer), hub_* and network errors after
   /// retries, disk_full (the disk_reserve reached, or ENOSPC), io_error; plan_invalid for a path that is not a safe relative path.
   /// The result lists the files in the order of `files`.
-  boost::asio::awaitable<Result<std::vector<Fetched>>> run(std::vector<hub::RepoFile> files,
+  boost::asio::awaitable<Result<std::vector<Fetched>>> run(std::vector<repo::RepoFile> files,
                                                            std::function<void(const Progress&)> on_progress);
 
  private:

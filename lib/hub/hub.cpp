@@ -73,7 +73,7 @@ struct SiblingFields {
   std::optional<std::string> sha256;   // lfs.sha256 when it was a string
 };
 
-// nlohmann's SAX interface over a listing (/revision?blobs=true): straight into RepoFile records,
+// nlohmann's SAX interface over a listing (/revision?blobs=true): straight into repo::RepoFile records,
 // so that no JSON tree of 100,000 siblings is ever built. Reads "sha" and, when `want_files`,
 // "siblings"; every other value is skipped. Stops at the first problem, which `problem` names.
 class ListingSax {
@@ -83,7 +83,7 @@ class ListingSax {
 
   std::optional<std::string> sha;
   bool siblings_array = false;  // "siblings" was an array
-  std::vector<RepoFile> files;
+  std::vector<repo::RepoFile> files;
   std::optional<std::string> problem;
   bool not_an_object = false;
 
@@ -218,7 +218,7 @@ bool ListingSax::close() {
 
 // The checks of one sibling, in the order of its fields' documentation.
 bool ListingSax::finish_sibling() {
-  RepoFile f;
+  repo::RepoFile f;
   if (!cur_.path) return fail(fmt::format("field '{}' is missing or not a string", field("rfilename")));
   f.path = std::move(*cur_.path);
   if (!util::safe_relative_path(f.path))
@@ -238,7 +238,7 @@ bool ListingSax::finish_sibling() {
 
 // Parses a listing answer (the files only when `want_files`): the commit and, sorted by path and
 // without duplicates, the files. CPU work in proportion to the body (about 0.1 s for 10 MB).
-Result<Snapshot> parse_snapshot(const http::Response& response, std::string_view what, bool want_files) {
+Result<repo::Snapshot> parse_snapshot(const http::Response& response, std::string_view what, bool want_files) {
   auto bad = [&](std::string why) { return make_error(Errc::hub_bad_response, fmt::format("{}: {}", what, why)); };
   ListingSax sax(want_files);
   const bool ok = nlohmann::json::sax_parse(response.body, &sax);
@@ -249,15 +249,15 @@ Result<Snapshot> parse_snapshot(const http::Response& response, std::string_view
                            excerpt(response.head.headers.get("Content-Type").value_or(""), 80),
                            excerpt(response.body, 80)));
   if (!sax.sha || !is_hex(*sax.sha, 40)) return bad("field 'sha' is missing or not a 40-hex-digit commit");
-  Snapshot snap;
+  repo::Snapshot snap;
   snap.commit = lowercase(std::move(*sax.sha));
   if (!want_files) return snap;
   if (!sax.siblings_array) return bad("field 'siblings' is missing or not an array");
   snap.files = std::move(sax.files);
   snap.files.shrink_to_fit();
-  std::sort(snap.files.begin(), snap.files.end(), [](const RepoFile& a, const RepoFile& b) { return a.path < b.path; });
+  std::sort(snap.files.begin(), snap.files.end(), [](const repo::RepoFile& a, const repo::RepoFile& b) { return a.path < b.path; });
   auto dup = std::adjacent_find(snap.files.begin(), snap.files.end(),
-                                [](const RepoFile& a, const RepoFile& b) { return a.path == b.path; });
+                                [](const repo::RepoFile& a, const repo::RepoFile& b) { return a.path == b.path; });
   if (dup != snap.files.end()) return bad(fmt::format("the file '{}' is listed twice", dup->path));
   return snap;
 }
@@ -273,7 +273,7 @@ std::string cache_key(const std::string& endpoint, const std::string& repo, cons
 }
 }  // namespace
 
-std::shared_ptr<const Snapshot> ListingCache::find(const std::string& endpoint, const std::string& repo,
+std::shared_ptr<const repo::Snapshot> ListingCache::find(const std::string& endpoint, const std::string& repo,
                                                    const std::string& commit) {
   const auto key = cache_key(endpoint, repo, commit);
   auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.key == key; });
@@ -291,7 +291,7 @@ void ListingCache::forget(const std::string& endpoint, const std::string& repo, 
   });
 }
 
-void ListingCache::put(const std::string& endpoint, std::shared_ptr<const Snapshot> listing) {
+void ListingCache::put(const std::string& endpoint, std::shared_ptr<const repo::Snapshot> listing) {
   if (!listing || listing->files.size() > max_files_ || max_listings_ == 0) return;
   forget(endpoint, listing->repo, listing->commit);
   auto key = cache_key(endpoint, listing->repo, listing->commit);
@@ -307,10 +307,10 @@ Hub::Hub(http::Client& client, std::string endpoint) : client_(client), endpoint
   while (!endpoint_.empty() && endpoint_.back() == '/') endpoint_.pop_back();
 }
 
-awaitable<Result<Snapshot>> Hub::snapshot(const std::string& repo, const std::string& revision) {
+awaitable<Result<repo::Snapshot>> Hub::snapshot(const std::string& repo, const std::string& revision) {
   auto shared = co_await listing(repo, revision);
   if (!shared) co_return shared.error();
-  Snapshot copy = **shared;
+  repo::Snapshot copy = **shared;
   copy.revision = revision;
   co_return copy;
 }
@@ -375,18 +375,18 @@ awaitable<Result<Hub::Shared>> Hub::fetch_listing(const std::string& repo, const
                                                              commit, snap->commit));
   snap->repo = repo;
   snap->revision = commit;
-  co_return std::make_shared<const Snapshot>(std::move(*snap));
+  co_return std::make_shared<const repo::Snapshot>(std::move(*snap));
 }
 
 // Parses on the parse pool when there is one; the body is freed as soon as the records are made.
-awaitable<Result<Snapshot>> Hub::parse(http::Response response, const std::string& what, bool want_files) {
+awaitable<Result<repo::Snapshot>> Hub::parse(http::Response response, const std::string& what, bool want_files) {
   auto job = [&response, &what, want_files] {
     auto snap = parse_snapshot(response, what, want_files);
     response.body = std::string();
     return snap;
   };
   if (!parse_pool_) co_return job();
-  co_return co_await util::on_pool<Result<Snapshot>>(*parse_pool_, job);
+  co_return co_await util::on_pool<Result<repo::Snapshot>>(*parse_pool_, job);
 }
 
 awaitable<Result<std::string>> Hub::read_metadata(const std::string& repo, const std::string& commit,

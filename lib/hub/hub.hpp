@@ -3,6 +3,7 @@
 // commit and list its files, build download URLs, and map the Hub's error answers to Errc.
 
 #include "http/client.hpp"
+#include "repo/snapshot.hpp"
 #include "util/error.hpp"
 #include "util/single_flight.hpp"
 
@@ -20,23 +21,6 @@
 #include <vector>
 
 namespace modeld::hub {
-
-/// One file of a repository at a commit, as the listing describes it.
-struct RepoFile {
-  std::string path;               ///< repository-relative, '/'-separated
-  std::uint64_t size = 0;         ///< real content size in bytes
-  std::string blob_id;            ///< git blob sha1 (of the LFS pointer for LFS files)
-  std::optional<std::string> lfs_sha256;  ///< content sha256 for LFS files
-  bool is_lfs() const { return lfs_sha256.has_value(); }
-};
-
-/// A repository at one commit.
-struct Snapshot {
-  std::string repo;      ///< "org/name"
-  std::string revision;  ///< what was asked for (branch, tag or commit)
-  std::string commit;    ///< 40 hex digits
-  std::vector<RepoFile> files;  ///< sorted by path
-};
 
 /// How the listing is retried (hub-protocol.md "Retries"): on 408, 429, 5xx, network errors
 /// and timeouts, waiting backoff[i] before try i+2 (the last entry repeats), or Retry-After
@@ -58,12 +42,12 @@ class ListingCache {
   ListingCache(std::size_t max_listings, std::size_t max_files);
 
   /// The listing of `repo` at `commit` (40 lowercase hex digits) from `endpoint`, or null.
-  std::shared_ptr<const Snapshot> find(const std::string& endpoint, const std::string& repo,
+  std::shared_ptr<const repo::Snapshot> find(const std::string& endpoint, const std::string& repo,
                                        const std::string& commit);
 
   /// Keeps `listing` (its repo and commit are the key, with `endpoint`), dropping the least
   /// recently used ones beyond the bounds.
-  void put(const std::string& endpoint, std::shared_ptr<const Snapshot> listing);
+  void put(const std::string& endpoint, std::shared_ptr<const repo::Snapshot> listing);
 
   /// Drops the listing of `repo` at `commit` from `endpoint`, if kept (one that planning refused
   /// or whose files the Hub does not have: whatever sent it, the next read asks again).
@@ -75,7 +59,7 @@ class ListingCache {
  private:
   struct Entry {
     std::string key;
-    std::shared_ptr<const Snapshot> listing;
+    std::shared_ptr<const repo::Snapshot> listing;
   };
   std::size_t max_listings_, max_files_, files_ = 0;
   std::list<Entry> entries_;  // most recently used first
@@ -99,11 +83,11 @@ class Hub {
   /// RevisionNotFound, 404), hub_unauthorized (401/403, GatedRepo), hub_unavailable
   /// (408/429/5xx), hub_bad_response (not JSON, missing fields, a commit that is not 40 hex
   /// digits, an unsafe path, another commit than asked for), network_error, timeout, cancelled.
-  boost::asio::awaitable<Result<Snapshot>> snapshot(const std::string& repo, const std::string& revision);
+  boost::asio::awaitable<Result<repo::Snapshot>> snapshot(const std::string& repo, const std::string& revision);
 
-  /// Like snapshot(), but shares the listing (held in a compact form: RepoFile records, no JSON
+  /// Like snapshot(), but shares the listing (held in a compact form: repo::RepoFile records, no JSON
   /// tree) with the cache and the other callers; its `revision` field is the commit.
-  boost::asio::awaitable<Result<std::shared_ptr<const Snapshot>>> listing(const std::string& repo,
+  boost::asio::awaitable<Result<std::shared_ptr<const repo::Snapshot>>> listing(const std::string& repo,
                                                                           const std::string& revision);
 
   /// Reads repository file `path` of `repo` at `commit` (a few kB of metadata, such as a
@@ -142,14 +126,14 @@ class Hub {
   void forget_listing(const std::string& repo, const std::string& commit) { cache_.forget(endpoint_, repo, commit); }
 
  private:
-  using Shared = std::shared_ptr<const Snapshot>;
+  using Shared = std::shared_ptr<const repo::Snapshot>;
   boost::asio::awaitable<Result<Shared>> list_uncached(std::string repo, std::string revision);
   boost::asio::awaitable<Result<std::string>> resolve_commit(const std::string& repo, const std::string& revision);
   Result<http::Url> revision_url(const std::string& repo, const std::string& revision, std::string_view query,
                                  const std::string& what) const;
   boost::asio::awaitable<Result<Shared>> fetch_listing(const std::string& repo, const std::string& commit,
                                                        const std::string& what);
-  boost::asio::awaitable<Result<Snapshot>> parse(http::Response response, const std::string& what, bool want_files);
+  boost::asio::awaitable<Result<repo::Snapshot>> parse(http::Response response, const std::string& what, bool want_files);
   boost::asio::awaitable<Result<http::Response>> get(const http::Url& url, std::size_t max_body, const std::string& what);
   boost::asio::awaitable<Result<http::Response>> get_once(const http::Request& request, std::size_t max_body,
                                                           const std::string& what);

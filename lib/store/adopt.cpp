@@ -86,7 +86,7 @@ std::optional<fs::path> Store::foreign_folder(const std::string& name) const {
 }
 
 Result<Adoption> Store::scan_adoption(const std::string& name, const std::string& commit,
-                                      const std::vector<hub::RepoFile>& files, const fs::path& folder) const {
+                                      const std::vector<repo::RepoFile>& files, const fs::path& folder) const {
   if (auto r = detail::check_names(name, commit); !r) return r.error();
   Adoption out;
   out.folder = folder;
@@ -135,7 +135,7 @@ Result<Adoption> Store::scan_adoption(const std::string& name, const std::string
 }
 
 Result<Adoption> Store::adopt(const std::string& name, const std::string& commit,
-                              const std::vector<hub::RepoFile>& files, const fs::path& folder, unsigned parallel) {
+                              const std::vector<repo::RepoFile>& files, const fs::path& folder, unsigned parallel) {
   auto scanned = scan_adoption(name, commit, files, folder);
   if (!scanned) return scanned.error();
   Adoption out = std::move(*scanned);

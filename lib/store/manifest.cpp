@@ -134,18 +134,18 @@ bool Store::manifest_still_matches_settled(const std::string& name, const std::s
   return manifest_still_matches(name, commit);
 }
 
-Result<std::vector<hub::RepoFile>> Store::link_unchanged_and_list_missing(const std::string& name,
-                                                                          const hub::Snapshot& snapshot) {
+Result<std::vector<repo::RepoFile>> Store::link_unchanged_and_list_missing(const std::string& name,
+                                                                          const repo::Snapshot& snapshot) {
   auto found = find_missing(name, snapshot, true);
   if (!found) return found.error();
   return std::move(found->missing);
 }
 
-Result<MissingFiles> Store::plan_missing(const std::string& name, const hub::Snapshot& snapshot) {
+Result<MissingFiles> Store::plan_missing(const std::string& name, const repo::Snapshot& snapshot) {
   return find_missing(name, snapshot, false);
 }
 
-Result<MissingFiles> Store::find_missing(const std::string& name, const hub::Snapshot& snapshot, bool link) {
+Result<MissingFiles> Store::find_missing(const std::string& name, const repo::Snapshot& snapshot, bool link) {
   if (auto r = detail::check_names(name, snapshot.commit); !r) return r.error();
   for (const auto& f : snapshot.files)
     if (!util::safe_relative_path(f.path))

@@ -4,7 +4,7 @@
 // rename(2). Each revision's .modeld/manifest.json is written only after verification.
 // Also: disk space and the eviction plan for freeing_disk.
 
-#include "hub/hub.hpp"
+#include "repo/snapshot.hpp"
 #include "util/error.hpp"
 
 #include <chrono>
@@ -81,7 +81,7 @@ struct StoredModel {
 
 /// What a revision still lacks (Store::plan_missing), in bytes as the listing gives them.
 struct MissingFiles {
-  std::vector<hub::RepoFile> missing;  ///< files to download
+  std::vector<repo::RepoFile> missing;  ///< files to download
   std::uint64_t present_bytes = 0;     ///< listed files already in place with their listed size
   std::uint64_t linkable_bytes = 0;    ///< files another verified revision of the model holds unchanged
 };
@@ -112,7 +112,7 @@ struct NotAdopted {
 struct Adoption {
   std::filesystem::path folder;          ///< where the files were found
   bool hf_metadata = false;              ///< the folder has `hf download`'s .cache/huggingface/download/
-  std::vector<hub::RepoFile> candidates; ///< present with the listed size and not known to differ
+  std::vector<repo::RepoFile> candidates; ///< present with the listed size and not known to differ
   std::uint64_t candidate_bytes = 0;
   std::vector<NotAdopted> rejected;      ///< present but unusable: size, recorded ETag, digest, symlink, file system
   std::vector<std::string> adopted;      ///< after adopt(): hashed, matched and hard-linked into the revision
@@ -158,13 +158,13 @@ class Store {
   /// listed files that are still missing (not present with the listed size). Files already in
   /// place are trusted only if a manifest or the fetch engine vouches for them later. The ctime
   /// the links changed is re-recorded in every manifest that held those files unchanged. Blocks.
-  Result<std::vector<hub::RepoFile>> link_unchanged_and_list_missing(const std::string& name,
-                                                                      const hub::Snapshot& snapshot);
+  Result<std::vector<repo::RepoFile>> link_unchanged_and_list_missing(const std::string& name,
+                                                                      const repo::Snapshot& snapshot);
 
   /// The dry run of link_unchanged_and_list_missing (the same decisions, for `modelctl plan`):
   /// creates, links and rewrites nothing. bad_request for an invalid name or commit,
   /// plan_invalid for a listed path that escapes the model folder.
-  Result<MissingFiles> plan_missing(const std::string& name, const hub::Snapshot& snapshot);
+  Result<MissingFiles> plan_missing(const std::string& name, const repo::Snapshot& snapshot);
 
   /// A copy of model `name` made outside modeld: models_dir/NAME when it is a directory, or a
   /// symlink that switch_link did not write and that resolves to a directory; nullopt otherwise.
@@ -176,7 +176,7 @@ class Store {
   /// copied), with the listed size, and whose `hf download` record (if any) names the listed
   /// digest. Reads only metadata; bad_request for invalid names.
   Result<Adoption> scan_adoption(const std::string& name, const std::string& commit,
-                                 const std::vector<hub::RepoFile>& files, const std::filesystem::path& folder) const;
+                                 const std::vector<repo::RepoFile>& files, const std::filesystem::path& folder) const;
 
   /// scan_adoption, then hashes the candidates (`parallel` files at once, sha256 for LFS files,
   /// git blob sha1 otherwise) and hard-links each file whose digest matches the listing and that
@@ -185,7 +185,7 @@ class Store {
   /// re-recorded in any manifest holding those files unchanged. Files that differ are listed in
   /// `rejected` and left to be downloaded. Errors: bad_request (names), io_error (creating
   /// folders in the revision). Blocks (hashing): call it on the disk pool.
-  Result<Adoption> adopt(const std::string& name, const std::string& commit, const std::vector<hub::RepoFile>& files,
+  Result<Adoption> adopt(const std::string& name, const std::string& commit, const std::vector<repo::RepoFile>& files,
                          const std::filesystem::path& folder, unsigned parallel);
 
   /// Moves a foreign folder or symlink at models_dir/NAME (see foreign_folder) out of the way of
@@ -215,7 +215,7 @@ class Store {
  private:
   // The one implementation behind link_unchanged_and_list_missing (link = true) and
   // plan_missing (link = false, nothing on disk changes).
-  Result<MissingFiles> find_missing(const std::string& name, const hub::Snapshot& snapshot, bool link);
+  Result<MissingFiles> find_missing(const std::string& name, const repo::Snapshot& snapshot, bool link);
 
   friend class detail::Relinking;
 

@@ -78,7 +78,7 @@ Error Report::to_error() const {
                                             problems.size() == 2 ? "" : "s"));
 }
 
-Report check_structure(const std::filesystem::path& dir, const std::vector<hub::RepoFile>& files) {
+Report check_structure(const std::filesystem::path& dir, const std::vector<repo::RepoFile>& files) {
   Report report;
   auto& out = report.problems;
   std::set<std::string> listed;
@@ -196,7 +196,7 @@ Report check_structure(const std::filesystem::path& dir, const std::vector<hub::
   return report;
 }
 
-Report check_hashes(const std::filesystem::path& dir, const std::vector<hub::RepoFile>& files, unsigned parallel) {
+Report check_hashes(const std::filesystem::path& dir, const std::vector<repo::RepoFile>& files, unsigned parallel) {
   std::vector<std::optional<Problem>> results(files.size());
   std::atomic<std::size_t> next{0};
   auto worker = [&] {
@@ -244,8 +244,8 @@ Report check_hashes(const std::filesystem::path& dir, const std::vector<hub::Rep
   return report;
 }
 
-std::vector<std::string> needed_but_filtered(const std::vector<hub::RepoFile>& all,
-                                             const std::vector<hub::RepoFile>& kept) {
+std::vector<std::string> needed_but_filtered(const std::vector<repo::RepoFile>& all,
+                                             const std::vector<repo::RepoFile>& kept) {
   std::set<std::string> kept_paths;
   for (const auto& f : kept) kept_paths.insert(f.path);
 

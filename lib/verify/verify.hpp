@@ -3,7 +3,7 @@
 // load it: hashes, safetensors structure (hub-protocol.md "safetensors"), index coverage,
 // config.json and tokenizer presence. Headers only are read for structure, never tensor data.
 
-#include "hub/hub.hpp"
+#include "repo/snapshot.hpp"
 #include "util/error.hpp"
 
 #include <cstdint>
@@ -57,11 +57,11 @@ Result<SafetensorsHeader> read_safetensors_header(const std::filesystem::path& p
 /// every listed file present with its size; every *.safetensors header valid; every shard
 /// the index names present, each tensor the index maps to a shard in that shard's header,
 /// tensors in shards but not in the index reported; config.json parses as a JSON object.
-Report check_structure(const std::filesystem::path& dir, const std::vector<hub::RepoFile>& files);
+Report check_structure(const std::filesystem::path& dir, const std::vector<repo::RepoFile>& files);
 
 /// Re-hashes every listed file in `dir` (sha256 for LFS, git blob sha1 otherwise), `parallel`
 /// files at once, and reports each mismatch or missing file.
-Report check_hashes(const std::filesystem::path& dir, const std::vector<hub::RepoFile>& files,
+Report check_hashes(const std::filesystem::path& dir, const std::vector<repo::RepoFile>& files,
                     unsigned parallel);
 
 /// Files that the checkpoint needs but the filters drop: shards of an index that is included
@@ -71,7 +71,7 @@ Report check_hashes(const std::filesystem::path& dir, const std::vector<hub::Rep
 /// special_tokens_map.json, tiktoken.model, *.tiktoken). `all` is the unfiltered listing and
 /// `kept` the filtered one; returns the dropped paths in listing order, empty when nothing needed
 /// is dropped.
-std::vector<std::string> needed_but_filtered(const std::vector<hub::RepoFile>& all,
-                                             const std::vector<hub::RepoFile>& kept);
+std::vector<std::string> needed_but_filtered(const std::vector<repo::RepoFile>& all,
+                                             const std::vector<repo::RepoFile>& kept);
 
 }  // namespace modeld::verify

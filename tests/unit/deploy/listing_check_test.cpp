@@ -20,11 +20,11 @@ config::ModelConfig model() {
   return m;
 }
 
-hub::Snapshot listing(std::initializer_list<std::pair<std::string, std::uint64_t>> files) {
-  hub::Snapshot s;
+repo::Snapshot listing(std::initializer_list<std::pair<std::string, std::uint64_t>> files) {
+  repo::Snapshot s;
   s.repo = "org/m";
   s.commit = std::string(40, 'a');
-  for (const auto& [path, size] : files) s.files.push_back(hub::RepoFile{path, size, std::string(40, 'b'), {}});
+  for (const auto& [path, size] : files) s.files.push_back(repo::RepoFile{path, size, std::string(40, 'b'), {}});
   return s;
 }
 

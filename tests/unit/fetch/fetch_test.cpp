@@ -70,12 +70,12 @@ std::string digest(verify::HashKind kind, const std::string& content) {
   return h.hex();
 }
 
-hub::RepoFile git_file(const std::string& path, const std::string& content) {
-  return hub::RepoFile{path, content.size(), digest(verify::HashKind::git_sha1, content), std::nullopt};
+repo::RepoFile git_file(const std::string& path, const std::string& content) {
+  return repo::RepoFile{path, content.size(), digest(verify::HashKind::git_sha1, content), std::nullopt};
 }
 
-hub::RepoFile lfs_file(const std::string& path, const std::string& content) {
-  return hub::RepoFile{path, content.size(), std::string(40, 'e'), digest(verify::HashKind::sha256, content)};
+repo::RepoFile lfs_file(const std::string& path, const std::string& content) {
+  return repo::RepoFile{path, content.size(), std::string(40, 'e'), digest(verify::HashKind::sha256, content)};
 }
 
 std::string read_all(const fs::path& p) {
@@ -168,12 +168,12 @@ struct Env {
     return !fs::exists(d) || fs::is_empty(d);
   }
 
-  awaitable<Result<std::vector<fetch::Fetched>>> fetch_coro(std::vector<hub::RepoFile> files) {
+  awaitable<Result<std::vector<fetch::Fetched>>> fetch_coro(std::vector<repo::RepoFile> files) {
     fetch::Fetcher fetcher(hub, client, pool, options);
     co_return co_await fetcher.run(std::move(files), [this](const fetch::Progress& p) { reports.push_back(p); });
   }
 
-  Result<std::vector<fetch::Fetched>> fetch(std::vector<hub::RepoFile> files) {
+  Result<std::vector<fetch::Fetched>> fetch(std::vector<repo::RepoFile> files) {
     return test::run(ioc, fetch_coro(std::move(files)));
   }
 };
@@ -187,7 +187,7 @@ std::string error_of(const Result<std::vector<fetch::Fetched>>& r) {
 TEST_CASE("several files are downloaded in parallel with correct content and no partials left") {
   Env env;
   env.options.parallel_files = 3;
-  std::vector<hub::RepoFile> files;
+  std::vector<repo::RepoFile> files;
   const std::vector<std::string> paths = {"config.json", "a/b/weights.bin", "tokenizer.json", "empty.txt", "c d.txt"};
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto bytes = paths[i] == "empty.txt" ? std::string() : random_bytes(20000 + i * 70001, static_cast<unsigned>(i));
@@ -463,7 +463,7 @@ TEST_CASE("cancellation leaves the partial and returns cancelled promptly") {
 
 TEST_CASE("progress reaches bytes_total and files_total") {
   Env env;
-  std::vector<hub::RepoFile> files;
+  std::vector<repo::RepoFile> files;
   std::uint64_t total = 0;
   for (unsigned i = 0; i < 4; ++i) {
     auto path = fmt::format("f{}.bin", i);
@@ -486,7 +486,7 @@ TEST_CASE("max_bytes_per_s limits the rate of all files together") {
   Env env;
   env.options.parallel_files = 2;
   env.options.max_bytes_per_s = 400000;
-  std::vector<hub::RepoFile> files;
+  std::vector<repo::RepoFile> files;
   for (unsigned i = 0; i < 2; ++i) {
     auto path = fmt::format("f{}.bin", i);
     env.content[path] = random_bytes(100000, 30 + i);
@@ -674,7 +674,7 @@ std::vector<std::string> ranges_asked(const TestServer& server) {
 }
 
 // A sidecar with byte ranges, as PartialFile::record writes it.
-std::string sidecar_with_ranges(const hub::RepoFile& f, const std::string& boot_id,
+std::string sidecar_with_ranges(const repo::RepoFile& f, const std::string& boot_id,
                                 const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges,
                                 const std::vector<std::pair<std::uint64_t, std::uint64_t>>& synced) {
   auto kind = f.is_lfs() ? verify::HashKind::sha256 : verify::HashKind::git_sha1;
@@ -689,7 +689,7 @@ std::string sidecar_with_ranges(const hub::RepoFile& f, const std::string& boot_
 }
 
 // A partial holding `content` only in `ranges` (zeros elsewhere).
-void write_partial(Env& env, const hub::RepoFile& f, const std::string& content,
+void write_partial(Env& env, const repo::RepoFile& f, const std::string& content,
                    const std::vector<std::pair<std::uint64_t, std::uint64_t>>& ranges, const std::string& sidecar) {
   std::string data(ranges.empty() ? 0 : ranges.back().second, '\0');
   for (auto [b, e] : ranges) data.replace(b, e - b, content.substr(b, e - b));
@@ -911,7 +911,7 @@ TEST_CASE("a dead Hub spends one shared retry budget, not one per connection") {
   env.options.parallel_files = 3;
   env.options.retry_budget = 3;
   env.options.max_attempts = 10;
-  std::vector<hub::RepoFile> files;
+  std::vector<repo::RepoFile> files;
   for (int i = 0; i < 6; ++i) {
     auto path = fmt::format("f{}.bin", i);
     env.content[path] = random_bytes(1000, 60 + i);

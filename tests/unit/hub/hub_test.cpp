@@ -53,7 +53,7 @@ struct Fixture {
     hub->set_retry_policy(fast);
   }
 
-  Result<hub::Snapshot> snapshot(const std::string& repo = "org/name", const std::string& rev = "main") {
+  Result<repo::Snapshot> snapshot(const std::string& repo = "org/name", const std::string& rev = "main") {
     return test::run(ioc, hub->snapshot(repo, rev));
   }
 };
@@ -345,7 +345,7 @@ TEST_CASE("concurrent listings of one repository and revision share one set of H
   Fixture f(after(std::chrono::milliseconds(100), big_listing(1000)));
   std::vector<std::size_t> files;
   for (int i = 0; i < 16; ++i)
-    asio::co_spawn(f.ioc, f.hub->snapshot("org/name", "main"), [&](std::exception_ptr e, Result<hub::Snapshot> r) {
+    asio::co_spawn(f.ioc, f.hub->snapshot("org/name", "main"), [&](std::exception_ptr e, Result<repo::Snapshot> r) {
       REQUIRE_FALSE(e);
       REQUIRE(r);
       files.push_back(r->files.size());
@@ -359,7 +359,7 @@ TEST_CASE("concurrent listings of one repository and revision share one set of H
 
 TEST_CASE("concurrent callers share the listing itself, not copies of it") {
   Fixture f(after(std::chrono::milliseconds(50), big_listing(10)));
-  std::vector<std::shared_ptr<const hub::Snapshot>> got;
+  std::vector<std::shared_ptr<const repo::Snapshot>> got;
   for (int i = 0; i < 4; ++i)
     asio::co_spawn(f.ioc, f.hub->listing("org/name", "main"), [&](std::exception_ptr e, auto r) {
       REQUIRE_FALSE(e);
@@ -405,9 +405,9 @@ TEST_CASE("a listing cancelled while it drips ends cancelled, not timeout, and i
   Fixture f(drip(std::chrono::milliseconds(20)));
   f.hub->set_listing_timeout(std::chrono::seconds(30));
   asio::cancellation_signal cancel;
-  std::optional<Result<hub::Snapshot>> out;
+  std::optional<Result<repo::Snapshot>> out;
   asio::co_spawn(f.ioc, f.hub->snapshot("org/name", kCommit),
-                 asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, Result<hub::Snapshot> r) {
+                 asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, Result<repo::Snapshot> r) {
                    REQUIRE_FALSE(e);
                    out.emplace(std::move(r));
                    f.ioc.stop();
@@ -425,11 +425,11 @@ TEST_CASE("a listing cancelled while it drips ends cancelled, not timeout, and i
 TEST_CASE("the listing cache keeps the most recently used listings within its bounds") {
   hub::ListingCache cache(2, 5);
   auto make = [](std::string repo, char c, std::size_t files) {
-    auto s = std::make_shared<hub::Snapshot>();
+    auto s = std::make_shared<repo::Snapshot>();
     s->repo = std::move(repo);
     s->commit = std::string(40, c);
     s->files.resize(files);
-    return std::shared_ptr<const hub::Snapshot>(s);
+    return std::shared_ptr<const repo::Snapshot>(s);
   };
   cache.put("https://hub", make("o/a", 'a', 2));
   cache.put("https://hub", make("o/b", 'b', 2));

@@ -40,7 +40,7 @@ struct Fixture {
   Store store{dir.path};
   fs::path folder = dir.path / "m";
   std::string shard = std::string(100000, 's'), config = "{\"a\": 1}", tok = "{\"t\": 2}";
-  std::vector<hub::RepoFile> files{listed("sub/model.safetensors", shard, true), listed("config.json", config, false),
+  std::vector<repo::RepoFile> files{listed("sub/model.safetensors", shard, true), listed("config.json", config, false),
                                    listed("tokenizer.json", tok, false)};
   Fixture() {
     write_file(folder / "sub" / "model.safetensors", shard);

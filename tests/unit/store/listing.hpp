@@ -19,8 +19,8 @@ inline std::string digest(verify::HashKind kind, const std::string& content) {
 
 /// The listing entry the Hub gives for `content` at `path` (LFS when `lfs`, with a blob id of a
 /// stand-in pointer text).
-inline hub::RepoFile listed(const std::string& path, const std::string& content, bool lfs) {
-  hub::RepoFile f{path, content.size(), digest(verify::HashKind::git_sha1, lfs ? "ptr:" + content : content),
+inline repo::RepoFile listed(const std::string& path, const std::string& content, bool lfs) {
+  repo::RepoFile f{path, content.size(), digest(verify::HashKind::git_sha1, lfs ? "ptr:" + content : content),
                   std::nullopt};
   if (lfs) f.lfs_sha256 = digest(verify::HashKind::sha256, content);
   return f;

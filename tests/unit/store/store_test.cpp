@@ -26,7 +26,7 @@ const std::string kC = "3333333333333333333333333333333333333333";
 
 // Writes the files of `snap` into its revision and records a manifest of them, as the
 // deployment does after verification.
-void install_verified(Store& s, const std::string& name, const hub::Snapshot& snap,
+void install_verified(Store& s, const std::string& name, const repo::Snapshot& snap,
                       const std::map<std::string, std::string>& contents) {
   REQUIRE(s.prepare_revision(name, snap.commit).has_value());
   store::Manifest m{snap.repo, snap.revision, snap.commit, "2026-11-29T19:39:42Z", {}};
@@ -165,7 +165,7 @@ TEST_CASE("a manifest survives a write and read round trip") {
 TEST_CASE("a manifest still matches until a file's content, inode or type changes") {
   TempDir dir;
   Store s(dir.path);
-  hub::Snapshot snap{"org/model", "main", kA, {}};
+  repo::Snapshot snap{"org/model", "main", kA, {}};
   std::map<std::string, std::string> contents;
   for (int i = 0; i < 64; ++i) {
     auto path = "shard-" + std::to_string(i) + ".bin";
@@ -228,12 +228,12 @@ TEST_CASE("unchanged files are hard-linked from an older revision and changed on
                                                   {"config.json", R"({"a": 1})"},
                                                   {"sub/tokenizer.model", "spm"},
                                                   {"changed.safetensors", "old weights"}};
-  hub::Snapshot a{"org/model", "main", kA,
+  repo::Snapshot a{"org/model", "main", kA,
                   {listed("changed.safetensors", "old weights", true), listed("config.json", R"({"a": 1})", false),
                    listed("model.safetensors", "weights v1", true), listed("sub/tokenizer.model", "spm", false)}};
   install_verified(s, "m", a, old_contents);
   // The same content under a new path, a changed file, and a file new in this revision.
-  hub::Snapshot b{"org/model", "main", kB,
+  repo::Snapshot b{"org/model", "main", kB,
                   {listed("changed.safetensors", "new weights", true), listed("config.json", R"({"a": 1})", false),
                    listed("moved/model.safetensors", "weights v1", true), listed("new.txt", "hello", false),
                    listed("sub/tokenizer.model", "spm", false)}};
@@ -263,13 +263,13 @@ TEST_CASE("unchanged files are hard-linked from an older revision and changed on
 TEST_CASE("a file changed since its revision was verified is not linked") {
   TempDir dir;
   Store s(dir.path);
-  hub::Snapshot a{"org/model", "main", kA, {listed("w.bin", "0123456789", true)}};
+  repo::Snapshot a{"org/model", "main", kA, {listed("w.bin", "0123456789", true)}};
   install_verified(s, "m", a, {{"w.bin", "0123456789"}});
   // Replaced by a same-size file with other content: a new inode, so the identity differs.
   const auto p = s.revision_dir("m", kA) / "w.bin";
   write_file(p.string() + ".x", "9876543210");
   fs::rename(p.string() + ".x", p);
-  hub::Snapshot b{"org/model", "main", kB, {listed("w.bin", "0123456789", true)}};
+  repo::Snapshot b{"org/model", "main", kB, {listed("w.bin", "0123456789", true)}};
   auto missing = s.link_unchanged_and_list_missing("m", b);
   REQUIRE(missing.has_value());
   REQUIRE(missing->size() == 1);
@@ -279,7 +279,7 @@ TEST_CASE("a file changed since its revision was verified is not linked") {
 TEST_CASE("a listing path that escapes the revision folder is plan_invalid") {
   TempDir dir;
   Store s(dir.path);
-  hub::Snapshot b{"org/model", "main", kB, {listed("../../escape", "x", false)}};
+  repo::Snapshot b{"org/model", "main", kB, {listed("../../escape", "x", false)}};
   auto r = s.link_unchanged_and_list_missing("m", b);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code == Errc::plan_invalid);
@@ -288,9 +288,9 @@ TEST_CASE("a listing path that escapes the revision folder is plan_invalid") {
 TEST_CASE("list reports models, their link, revisions and size with hard links counted once") {
   TempDir dir;
   Store s(dir.path);
-  hub::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
+  repo::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
   install_verified(s, "m", a, {{"w.bin", std::string(1000, 'w')}});
-  hub::Snapshot b{"org/model", "main", kB, a.files};
+  repo::Snapshot b{"org/model", "main", kB, a.files};
   b.commit = kB;
   REQUIRE(s.prepare_revision("m", kB).has_value());
   REQUIRE(s.link_unchanged_and_list_missing("m", b).has_value());
@@ -362,10 +362,10 @@ TEST_CASE("a real folder in place of the model link is left alone") {
 TEST_CASE("removing other revisions keeps the linked one and counts shared files as not freed") {
   TempDir dir;
   Store s(dir.path);
-  hub::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
+  repo::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
   install_verified(s, "m", a, {{"w.bin", std::string(1000, 'w')}});
   write_file(s.revision_dir("m", kA) / "only-a.bin", std::string(70, 'a'));
-  hub::Snapshot b = a;
+  repo::Snapshot b = a;
   b.commit = kB;
   REQUIRE(s.prepare_revision("m", kB).has_value());
   REQUIRE(s.link_unchanged_and_list_missing("m", b).has_value());
@@ -457,7 +457,7 @@ TEST_CASE("a revision sharing files with the one modeld removes still matches it
   Store s(dir.path);
   const std::string weights(4096, 'w');
   std::map<std::string, std::string> va{{"model.safetensors", weights}, {"config.json", R"({"v": 1})"}};
-  hub::Snapshot a{"org/model", "main", kA, {listed("config.json", va["config.json"], false),
+  repo::Snapshot a{"org/model", "main", kA, {listed("config.json", va["config.json"], false),
                                             listed("model.safetensors", weights, true)}};
   install_verified(s, "m", a, va);
   REQUIRE(s.switch_link("m", kA).has_value());
@@ -465,7 +465,7 @@ TEST_CASE("a revision sharing files with the one modeld removes still matches it
   // A new commit changes config.json only: the weights are hard-linked (nlink 1 -> 2, ctime moves).
   let_the_clock_pass(dir.path, newest_ctime(s, "m", kA));
   std::map<std::string, std::string> vb{{"model.safetensors", weights}, {"config.json", R"({"v": 2})"}};
-  hub::Snapshot b{"org/model", "main", kB, {listed("config.json", vb["config.json"], false),
+  repo::Snapshot b{"org/model", "main", kB, {listed("config.json", vb["config.json"], false),
                                             listed("model.safetensors", weights, true)}};
   REQUIRE(s.prepare_revision("m", kB).has_value());
   auto missing = s.link_unchanged_and_list_missing("m", b);
@@ -525,7 +525,7 @@ TEST_CASE("removing a model keeps the manifest of another model that shares its 
   TempDir dir;
   Store s(dir.path);
   const std::string weights(2048, 'x');
-  hub::Snapshot a{"org/model", "main", kA, {listed("model.safetensors", weights, true)}};
+  repo::Snapshot a{"org/model", "main", kA, {listed("model.safetensors", weights, true)}};
   install_verified(s, "x", a, {{"model.safetensors", weights}});
   REQUIRE(s.switch_link("x", kA).has_value());
   // Model y holds the same file by hard link (as an adoption from x's store makes it).

@@ -8,7 +8,7 @@
 
 using namespace modeld;
 using namespace modeld::test;
-using hub::RepoFile;
+using repo::RepoFile;
 
 namespace {
 
