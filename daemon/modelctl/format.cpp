@@ -4,7 +4,7 @@
 #include "modelctl/format.hpp"
 
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

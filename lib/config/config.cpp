@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>

@@ -8,7 +8,7 @@
 #include "util/memory.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -80,12 +80,12 @@ sys::Fields Run::fields() const {
 }
 
 Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
-    : Deployer(io, std::move(services), states, Watchdog::Options{}) {}
+    : Deployer(io, std::move(services), states, ModelWatcher::Options{}) {}
 
-Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, Watchdog::Options watchdog)
+Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog)
     : io_(io), services_(std::move(services)), states_(states) {
-  watchdog_ = std::make_unique<Watchdog>(io_, services_, std::move(watchdog));
-  watchdog_->on_change([this] { announce_status(); });
+  watcher_ = std::make_unique<ModelWatcher>(io_, services_, std::move(watchdog));
+  watcher_->on_change([this] { announce_status(); });
 }
 
 Deployer::~Deployer() = default;
@@ -237,7 +237,7 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
       sys::logf(sys::Level::warning, f,
                 "active model {} is no longer configured: {} keeps running, but it is not watched any more",
                 active, units::serve_unit(active));
-    watchdog_->cancel();
+    watcher_->cancel();
     return;
   }
   if (before && *before == *now) return;
@@ -245,7 +245,7 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
   // The active model's table changed: rewrite its drop-in (the server picks it up at its next
   // start) and watch it again with the new intervals. A model configured again after a reload
   // had removed it is watched again too.
-  const bool rewatch = watchdog_->running() || !before;
+  const bool rewatch = watcher_->running() || !before;
   asio::co_spawn(io_, [this, active, f, rewatch]() -> asio::awaitable<void> {
     auto cfg = services_.config;
     const auto* m = cfg->find_model(active);
@@ -257,7 +257,7 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
       sys::logf(sys::Level::info, f,
                 "reload: rewrote the drop-in of {}; the running server keeps its settings until it restarts",
                 units::serve_unit(active));
-    co_await watchdog_->stop();
+    co_await watcher_->stop();
     if (rewatch && !running_ && !shutting_down_ && state_.active && state_.active->model == active)
       watch_active(false);
   }, asio::detached);
@@ -270,15 +270,15 @@ bool Deployer::owns_service(const Deployment& d, Phase p) {
 
 void Deployer::watch_active(bool wait_ready_first) {
   if (!state_.active || shutting_down_ || (running_ && owns_service(running_->record, running_->record.phase))) return;
-  watchdog_->start(state_.active->model, wait_ready_first);
+  watcher_->start(state_.active->model, wait_ready_first);
 }
 
 void Deployer::shutdown(std::function<void()> done) {
   shutting_down_ = true;
-  if (watchdog_->running()) {
+  if (watcher_->running()) {
     // The watchdog may be in the middle of a restart: it ends first (cancelled, awaited).
-    watchdog_->cancel();
-    asio::co_spawn(io_, watchdog_->stop(), [this, done = std::move(done)](std::exception_ptr) mutable {
+    watcher_->cancel();
+    asio::co_spawn(io_, watcher_->stop(), [this, done = std::move(done)](std::exception_ptr) mutable {
       shutdown(std::move(done));
     });
     return;
@@ -450,7 +450,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
         failure = make_error(Errc::cancelled, "cancelled by the user");
         break;
       }
-      if (owns_service(d, p) && watchdog_->running()) co_await watchdog_->stop();
+      if (owns_service(d, p) && watcher_->running()) co_await watcher_->stop();
       d.phase = p;
       persist(d);
       emit("phase", d);
@@ -511,7 +511,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
     d.error = failure;
   }
   // rolling_back is not cancellable: leaving the host with nothing serving is worse.
-  if (watchdog_->running()) co_await watchdog_->stop();
+  if (watcher_->running()) co_await watcher_->stop();
   d.phase = Phase::rolling_back;
   persist(d);
   emit("phase", d);
@@ -653,7 +653,7 @@ std::string Deployer::status_line() const {
   if (!history_.empty() && history_.front().state != State::succeeded)
     s += fmt::format("; last deployment {} {}", history_.front().id, to_string(history_.front().state));
   if (state_.active) {
-    auto w = watchdog_->statuses();
+    auto w = watcher_->statuses();
     if (!w.empty() && w.front().model == state_.active->model) {
       const auto& r = w.front();
       if (r.state != "watching" || r.restarts > 0 || r.consecutive_failures > 0)
@@ -830,7 +830,7 @@ asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {
 }
 
 void Deployer::rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f) {
-  if (!state_.active || state_.active->model != model || state_.active->commit != commit || watchdog_->running())
+  if (!state_.active || state_.active->model != model || state_.active->commit != commit || watcher_->running())
     return;
   // The watchdog stops for good when it finds the files changed; now they hash clean again, it
   // watches (and restarts a server that is down) once more.
@@ -860,7 +860,7 @@ std::uint64_t Deployer::subscribe(std::function<void(const Event&)> listener) {
 
 void Deployer::unsubscribe(std::uint64_t token) { listeners_.erase(token); }
 
-std::vector<WatchdogStatus> Deployer::watchdogs() const { return watchdog_->statuses(); }
+std::vector<WatchdogStatus> Deployer::watchdogs() const { return watcher_->statuses(); }
 
 double Deployer::uptime_s() const {
   return std::chrono::duration<double>(Clock::now() - started_).count();

@@ -7,7 +7,7 @@
 #include "deploy/engine.hpp"
 #include "deploy/phases.hpp"
 #include "deploy/state_store.hpp"
-#include "deploy/watchdog.hpp"
+#include "deploy/model_watcher.hpp"
 #include "util/single_flight.hpp"
 
 #include <boost/asio/cancellation_signal.hpp>
@@ -35,7 +35,7 @@ class Deployer final : public Engine {
   /// `services` must outlive the Deployer; `states` is its durable store.
   Deployer(boost::asio::io_context& io, Services services, StateStore& states);
   /// The same with the post-deploy watchdog's timing (backoff) set, for tests.
-  Deployer(boost::asio::io_context& io, Services services, StateStore& states, Watchdog::Options watchdog);
+  Deployer(boost::asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog);
   ~Deployer() override;
 
   /// Loads state.json and the history; io_error when state.json is unreadable.
@@ -131,7 +131,7 @@ class Deployer final : public Engine {
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   /// Watches the active model while no deployment owns its service; declared last so it goes first.
-  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<ModelWatcher> watcher_;
 };
 
 }  // namespace modeld::deploy

@@ -3,7 +3,7 @@
 
 #include "fetch/fetch.hpp"
 #include "store/store.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <fmt/format.h>
 

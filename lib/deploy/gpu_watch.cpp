@@ -5,7 +5,7 @@
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/on_pool.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>

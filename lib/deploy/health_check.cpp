@@ -4,7 +4,7 @@
 #include "health/health.hpp"
 #include "units/service_manager.hpp"
 #include "util/files.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <unistd.h>
 

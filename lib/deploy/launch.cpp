@@ -5,7 +5,7 @@
 #include "store/store.hpp"
 #include "units/service_manager.hpp"
 #include "util/on_pool.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <fmt/format.h>
 

@@ -4,7 +4,7 @@
 #include "store/store.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>

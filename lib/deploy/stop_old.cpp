@@ -6,7 +6,7 @@
 #include "deploy/gpu_watch.hpp"
 #include "deploy/leftovers.hpp"
 #include "units/service_manager.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>

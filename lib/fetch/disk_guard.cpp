@@ -1,7 +1,7 @@
 #include "fetch/disk_guard.hpp"
 
 #include "store/store.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <fmt/format.h>
 

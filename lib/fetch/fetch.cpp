@@ -18,7 +18,7 @@
 #include "sys/log.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 #include "verify/hash.hpp"
 
 #include <boost/asio/as_tuple.hpp>

@@ -8,7 +8,7 @@
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>

@@ -7,7 +7,7 @@
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

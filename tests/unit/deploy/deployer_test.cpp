@@ -247,8 +247,8 @@ struct Fixture {
     co_return Result<void>{};
   }
 
-  deploy::Watchdog::Options watchdog_options() {
-    deploy::Watchdog::Options o;
+  deploy::ModelWatcher::Options watchdog_options() {
+    deploy::ModelWatcher::Options o;
     o.probe = [](const config::ModelConfig&) -> asio::awaitable<Result<void>> { co_return Result<void>{}; };
     return o;
   }

@@ -1,9 +1,9 @@
-#include "deploy/watchdog.hpp"
+#include "deploy/model_watcher.hpp"
 
 #include "health/health.hpp"
 #include "units/service_manager.hpp"
 #include "util/text.hpp"
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -23,7 +23,7 @@ namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-/// What one watch coroutine shares with the Watchdog: its cancellation and whether it was asked
+/// What one watch coroutine shares with the ModelWatcher: its cancellation and whether it was asked
 /// to end (probes and readiness waits turn a cancellation into a value, so the flag is checked
 /// after each of them).
 struct WatchRun {
@@ -81,18 +81,18 @@ asio::awaitable<bool> pause(milliseconds d) {
 
 }  // namespace
 
-Watchdog::Watchdog(asio::io_context& io, Services& services, Options options)
+ModelWatcher::ModelWatcher(asio::io_context& io, Services& services, Options options)
     : io_(io), services_(services), options_(std::move(options)) {}
 
-Watchdog::Watchdog(asio::io_context& io, Services& services) : Watchdog(io, services, Options{}) {}
+ModelWatcher::ModelWatcher(asio::io_context& io, Services& services) : ModelWatcher(io, services, Options{}) {}
 
-Watchdog::~Watchdog() {
+ModelWatcher::~ModelWatcher() {
   // The coroutine, if any, is destroyed with the io_context; it must not call back into us.
   if (run_) run_->stop = true;
   on_stopped_.clear();
 }
 
-WatchdogStatus& Watchdog::record(const std::string& model) {
+WatchdogStatus& ModelWatcher::record(const std::string& model) {
   auto [it, fresh] = records_.try_emplace(model);
   if (fresh) {
     it->second.model = model;
@@ -101,11 +101,11 @@ WatchdogStatus& Watchdog::record(const std::string& model) {
   return it->second;
 }
 
-void Watchdog::changed() {
+void ModelWatcher::changed() {
   if (on_change_) on_change_();
 }
 
-void Watchdog::start(const std::string& model, bool wait_ready_first) {
+void ModelWatcher::start(const std::string& model, bool wait_ready_first) {
   if (running_) return;
   if (!services_.config->find_model(model)) return;
   running_ = true;
@@ -125,7 +125,7 @@ void Watchdog::start(const std::string& model, bool wait_ready_first) {
                        sys::logf(sys::Level::error, "watchdog ended with an exception: {}", ex.what());
                      }
                    }
-                   if (run != run_) return;  // a Watchdog being destroyed dropped it
+                   if (run != run_) return;  // a ModelWatcher being destroyed dropped it
                    running_ = false;
                    record(current_).state = "stopped";
                    changed();
@@ -136,13 +136,13 @@ void Watchdog::start(const std::string& model, bool wait_ready_first) {
   changed();
 }
 
-void Watchdog::cancel() {
+void ModelWatcher::cancel() {
   if (!run_ || run_->stop) return;
   run_->stop = true;
   run_->signal.emit(asio::cancellation_type::terminal);
 }
 
-asio::awaitable<void> Watchdog::stop() {
+asio::awaitable<void> ModelWatcher::stop() {
   cancel();
   if (!running_) co_return;
   asio::steady_timer done(co_await asio::this_coro::executor, asio::steady_timer::time_point::max());
@@ -151,7 +151,7 @@ asio::awaitable<void> Watchdog::stop() {
   (void)ec;
 }
 
-std::vector<WatchdogStatus> Watchdog::statuses() const {
+std::vector<WatchdogStatus> ModelWatcher::statuses() const {
   std::vector<WatchdogStatus> out;
   if (auto it = records_.find(current_); it != records_.end()) out.push_back(it->second);
   for (const auto& [name, r] : records_)
@@ -159,17 +159,17 @@ std::vector<WatchdogStatus> Watchdog::statuses() const {
   return out;
 }
 
-asio::awaitable<Result<void>> Watchdog::ready(const config::ModelConfig& m, const sys::Fields& f) {
+asio::awaitable<Result<void>> ModelWatcher::ready(const config::ModelConfig& m, const sys::Fields& f) {
   if (options_.wait_ready) co_return co_await options_.wait_ready(m, f);
   co_return co_await wait_model_ready(services_, m, f);
 }
 
-asio::awaitable<Result<void>> Watchdog::probe(const config::ModelConfig& m) {
+asio::awaitable<Result<void>> ModelWatcher::probe(const config::ModelConfig& m) {
   if (options_.probe) co_return co_await options_.probe(m);
   co_return co_await default_probe(services_, m);
 }
 
-asio::awaitable<void> Watchdog::watch(std::string model, bool wait_ready_first, std::shared_ptr<WatchRun> run) {
+asio::awaitable<void> ModelWatcher::watch(std::string model, bool wait_ready_first, std::shared_ptr<WatchRun> run) {
   const auto* found = services_.config->find_model(model);
   if (!found) co_return;
   const config::ModelConfig m = *found;  // the configuration may be replaced meanwhile

@@ -1,4 +1,4 @@
-#include "deploy/watchdog.hpp"
+#include "deploy/model_watcher.hpp"
 
 #include "unit/deploy/fake_units.hpp"
 
@@ -65,8 +65,8 @@ struct Fixture {
     std::filesystem::remove_all(dir, ec);
   }
 
-  deploy::Watchdog::Options options(std::chrono::milliseconds backoff = 10s) {
-    deploy::Watchdog::Options o;
+  deploy::ModelWatcher::Options options(std::chrono::milliseconds backoff = 10s) {
+    deploy::ModelWatcher::Options o;
     o.backoff_base = backoff;
     o.probe = [this](const config::ModelConfig&) -> asio::awaitable<Result<void>> {
       ++probes;
@@ -89,13 +89,13 @@ struct Fixture {
   }
 
   // Runs watchdog.stop() to its end.
-  bool stop(deploy::Watchdog& w) {
+  bool stop(deploy::ModelWatcher& w) {
     bool stopped = false;
     asio::co_spawn(ioc, w.stop(), [&](std::exception_ptr) { stopped = true; });
     return run_until([&] { return stopped; });
   }
 
-  deploy::WatchdogStatus status(const deploy::Watchdog& w) {
+  deploy::WatchdogStatus status(const deploy::ModelWatcher& w) {
     auto all = w.statuses();
     REQUIRE_FALSE(all.empty());
     return all.front();
@@ -116,7 +116,7 @@ TEST_CASE("restarts that follow each other back off: none before the first, then
 TEST_CASE("watch_failures failed probes in a row get a live unit stopped, started and waited for") {
   Fixture fx;
   fx.units.on_start = [&] { fx.healthy = true; };
-  deploy::Watchdog w(fx.ioc, fx.services, fx.options());
+  deploy::ModelWatcher w(fx.ioc, fx.services, fx.options());
   w.start("m", false);
   REQUIRE(fx.run_until([&] { return fx.status(w).restarts == 1 && fx.status(w).state == "watching"; }));
   auto s = fx.status(w);
@@ -144,7 +144,7 @@ TEST_CASE("watch_failures failed probes in a row get a live unit stopped, starte
 
 TEST_CASE("a second restart soon after the first waits in backoff") {
   Fixture fx;
-  deploy::Watchdog w(fx.ioc, fx.services, fx.options(1h));
+  deploy::ModelWatcher w(fx.ioc, fx.services, fx.options(1h));
   w.start("m", false);
   REQUIRE(fx.run_until([&] { return fx.status(w).state == "backoff"; }));
   auto s = fx.status(w);
@@ -160,7 +160,7 @@ TEST_CASE("a second restart soon after the first waits in backoff") {
 TEST_CASE("a unit that left the active state whose files are not linked any more is not restarted") {
   Fixture fx;
   fx.units.active_state = "inactive";
-  deploy::Watchdog w(fx.ioc, fx.services, fx.options());
+  deploy::ModelWatcher w(fx.ioc, fx.services, fx.options());
   w.start("m", false);
   REQUIRE(fx.run_until([&] { return !w.running(); }));
   auto s = fx.status(w);
@@ -179,7 +179,7 @@ TEST_CASE("stop() ends a watch that waits for readiness, and a later start watch
     co_await t.async_wait(asio::use_awaitable);  // throws when cancelled
     co_return Result<void>{};
   };
-  deploy::Watchdog w(fx.ioc, fx.services, o);
+  deploy::ModelWatcher w(fx.ioc, fx.services, o);
   w.start("m", true);
   CHECK(fx.status(w).state == "restarting");
   REQUIRE(fx.run_until([&] { return waiting; }));

@@ -1,4 +1,4 @@
-#include "util/units.hpp"
+#include "util/quantities.hpp"
 
 #include "util/text.hpp"
 

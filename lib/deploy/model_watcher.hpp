@@ -1,5 +1,5 @@
 #pragma once
-// The post-deploy watchdog (issue 5): while no deployment owns the model service (none runs, or
+// The model watcher (the contract calls it the post-deploy watchdog; issue 5): while no deployment owns the model service (none runs, or
 // one is still before stopping_old: Deployer::owns_service), the active model's unit is
 // checked every watch_interval and probed with a cheap generation; a unit that left the active
 // state (for any reason, an exit with status 0 included) or watch_failures failed probes in a row
@@ -36,7 +36,7 @@ std::chrono::milliseconds watchdog_backoff(unsigned streak, std::chrono::millise
 struct WatchRun;
 
 /// Watches the active model's service; owned by the Deployer, runs on its io_context thread.
-class Watchdog {
+class ModelWatcher {
  public:
   /// Waits until a (re)started server is ready; errors say why it is not.
   using ReadyWait =
@@ -54,12 +54,12 @@ class Watchdog {
     Probe probe;           ///< empty: health::probe_once (a max_tokens=1 completion when health.completion)
   };
 
-  /// `services` must outlive the Watchdog.
-  Watchdog(boost::asio::io_context& io, Services& services, Options options);
-  Watchdog(boost::asio::io_context& io, Services& services);
-  ~Watchdog();
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
+  /// `services` must outlive the ModelWatcher.
+  ModelWatcher(boost::asio::io_context& io, Services& services, Options options);
+  ModelWatcher(boost::asio::io_context& io, Services& services);
+  ~ModelWatcher();
+  ModelWatcher(const ModelWatcher&) = delete;
+  ModelWatcher& operator=(const ModelWatcher&) = delete;
 
   /// Starts watching `model` (which must be configured; a call while running is ignored).
   /// `wait_ready_first`: the unit was just started (daemon start), so readiness is awaited
