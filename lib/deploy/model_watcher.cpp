@@ -302,7 +302,6 @@ asio::awaitable<void> ModelWatcher::watch(std::string model, bool wait_ready_fir
         sys::logf(sys::Level::error, f, "watchdog: {}", w.error().message);
       if (run->stop) break;
     }
-    if (run->stop) break;
     if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s) {
       if (run->stop) break;
       pending = fmt::format("cannot start {}: {}", unit, s.error().message);
