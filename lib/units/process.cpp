@@ -633,7 +633,7 @@ class Core : public std::enable_shared_from_this<Core> {
     UnitStatus st;
     auto it = units_.find(name);
     if (it == units_.end()) {
-      st.active_state = "inactive";
+      st.active_state = ActiveState::inactive;
       st.sub_state = "dead";
       return st;
     }
@@ -642,13 +642,13 @@ class Core : public std::enable_shared_from_this<Core> {
     st.loaded = true;
     st.invocation_id = u.invocation_id;
     if (u.main_running && !u.stopping) {
-      st.active_state = "active";
+      st.active_state = ActiveState::active;
       st.sub_state = "running";
     } else if (u.main_running || u.pgid) {
-      st.active_state = "deactivating";
+      st.active_state = ActiveState::deactivating;
       st.sub_state = u.killed ? "stop-sigkill" : "stop-sigterm";
     } else {
-      st.active_state = u.final_state;
+      st.active_state = parse_active_state(u.final_state);
       st.sub_state = u.final_state == "failed" ? "failed" : "dead";
     }
     // Like MainPID, no process is named once the main one has ended; Result and ExecMainStatus
@@ -899,7 +899,7 @@ class Core : public std::enable_shared_from_this<Core> {
 class ProcessManager final : public ServiceManager {
  public:
   ProcessManager(asio::any_io_executor executor, ProcessManagerOptions options)
-      : core_(std::make_shared<Core>(std::move(executor), std::move(options))) {
+      : journal_(options.journal), core_(std::make_shared<Core>(std::move(executor), std::move(options))) {
     core_->init();
   }
   // The servers keep running: a modeld restart must not stop the model (see the file comment).
@@ -922,8 +922,15 @@ class ProcessManager final : public ServiceManager {
   Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) override {
     return core_->write_dropin(unit, name, content);
   }
+  // The servers write to journald under their own identifier, when journald's stream socket is
+  // there to take it (start() asks sd_journal_stream_fd); in a container without journald their
+  // output goes to modeld's own.
+  JournalSource journal_of(const std::string& unit) const override {
+    return JournalSource{identifier(unit), journal_ && ::access("/run/systemd/journal/stdout", F_OK) == 0};
+  }
 
  private:
+  bool journal_;
   std::shared_ptr<Core> core_;
 };
 

@@ -6,6 +6,7 @@
 #include "util/files.hpp"
 #include "util/text.hpp"
 #include "verify/hash.hpp"
+#include "verify/index.hpp"
 #include "verify/safetensors_detail.hpp"
 
 #include <fmt/format.h>
@@ -42,10 +43,6 @@ std::string_view dirname(std::string_view path) {
 std::string_view basename(std::string_view path) {
   auto slash = path.rfind('/');
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
-}
-
-std::string join(std::string_view dir, std::string_view name) {
-  return dir.empty() ? std::string(name) : fmt::format("{}/{}", dir, name);
 }
 
 Problem problem(Errc code, std::string file, std::string tensor, std::string message) {
@@ -130,33 +127,13 @@ Report check_structure(const std::filesystem::path& dir, const std::vector<repo:
       out.push_back(problem(Errc::io_error, f.path, {}, fmt::format("{}: {}", f.path, text.error().message)));
       continue;
     }
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(*text);
-    } catch (const nlohmann::json::parse_error& e) {
-      out.push_back(problem(Errc::safetensors_invalid, f.path, {}, fmt::format("{}: not valid JSON: {}", f.path, json_error_text(e))));
+    std::string bad_tensor;
+    auto by_shard = parse_safetensors_index(*text, f.path, &bad_tensor);
+    if (!by_shard) {
+      out.push_back(problem(by_shard.error().code, f.path, bad_tensor, by_shard.error().message));
       continue;
     }
-    auto wm = j.is_object() ? j.find("weight_map") : j.end();
-    if (!j.is_object() || wm == j.end() || !wm->is_object()) {
-      out.push_back(problem(Errc::safetensors_invalid, f.path, {}, fmt::format("{}: no \"weight_map\" object", f.path)));
-      continue;
-    }
-    // Shard names in the weight map are relative to the index's own folder.
-    const std::string_view base = dirname(f.path);
-    std::map<std::string, std::set<std::string>> by_shard;  // shard path -> tensors the index maps to it
-    bool bad = false;
-    for (auto it = wm->begin(); it != wm->end(); ++it) {
-      if (!it->is_string()) {
-        out.push_back(problem(Errc::safetensors_invalid, f.path, it.key(),
-                              fmt::format("{}: tensor '{}': shard is not a string", f.path, it.key())));
-        bad = true;
-        continue;
-      }
-      by_shard[join(base, it->get<std::string>())].insert(it.key());
-    }
-    if (bad) continue;
-    for (const auto& [shard, tensors] : by_shard) {
+    for (const auto& [shard, tensors] : *by_shard) {
       if (!listed.count(shard)) {
         out.push_back(problem(Errc::checkpoint_incomplete, shard, {},
                               fmt::format("{}: shard named by {} ({} tensors) is not in the listing", shard, f.path,
