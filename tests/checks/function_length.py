@@ -36,7 +36,6 @@ PENDING = {
     ("daemon/modeld/main.cpp", "main"),
     ("daemon/modelctl/main.cpp", "main"),
     ("lib/deploy/model_watcher.cpp", "ModelWatcher::watch"),
-    ("lib/health/health.cpp", "wait_ready"),
     ("lib/http/client.cpp", "exchange"),
     ("lib/control/routes.cpp", "metrics_text"),
     ("lib/deploy/deployer.cpp", "Deployer::drive"),
