@@ -79,24 +79,11 @@ json model_json(const deploy::ModelInfo& m) {
               {"last_active", m.last_active ? json(*m.last_active) : json(nullptr)}};
 }
 
-// Decodes %XX escapes of one path segment; nullopt on a malformed escape or a decoded '/' or
-// NUL, which no deployment id contains.
-std::optional<std::string> percent_decode(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '%') {
-      out += s[i];
-      continue;
-    }
-    if (i + 2 >= s.size()) return std::nullopt;
-    unsigned v = 0;
-    auto [p, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
-    if (ec != std::errc{} || p != s.data() + i + 3) return std::nullopt;
-    if (v == 0 || v == '/') return std::nullopt;
-    out += static_cast<char>(v);
-    i += 2;
-  }
+// Decodes one path segment (util::percent_decode); nullopt on a malformed escape or a decoded
+// '/' or NUL, which no deployment id or model name contains.
+std::optional<std::string> decode_segment(std::string_view s) {
+  auto out = util::percent_decode(s);
+  if (!out || out->find_first_of(std::string_view("/\0", 2)) != std::string::npos) return std::nullopt;
   return out;
 }
 
@@ -477,7 +464,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
     return start_deployment(req, engine);
   }
-  auto id = percent_decode(parts[2]);
+  auto id = decode_segment(parts[2]);
   if (!id) return not_found();
   if (parts.size() == 3) {
     if (!get) return method_not_allowed(req, path, "GET");
@@ -551,7 +538,7 @@ namespace {
 std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
   const auto parts = split_path(path);
   if (parts.size() < 3 || parts.size() > 4 || parts[0] != "v1" || parts[1] != "models") return std::nullopt;
-  auto name = percent_decode(parts[2]);
+  auto name = decode_segment(parts[2]);
   if (!name) return std::nullopt;
   std::string action = parts.size() == 4 ? std::string(parts[3]) : std::string();
   if (!action.empty() && action != "plan" && action != "verify") return std::nullopt;

@@ -1,4 +1,5 @@
 #include "http/client.hpp"
+#include "util/text.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/cancellation_state.hpp>
@@ -19,6 +20,8 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/url/parse.hpp>
+#include <boost/url/url.hpp>
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
@@ -76,36 +79,6 @@ std::string host_for_url(const std::string& host) {
   return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
 
-// RFC 3986 section 5.2.4, on a path without its query.
-std::string remove_dot_segments(std::string_view in) {
-  std::vector<std::string_view> out;
-  bool trailing_slash = false;
-  std::size_t pos = 0;
-  while (pos <= in.size()) {
-    auto slash = in.find('/', pos);
-    auto seg = in.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos);
-    bool last = slash == std::string_view::npos;
-    trailing_slash = false;
-    if (seg == "..") {
-      if (!out.empty()) out.pop_back();
-      trailing_slash = true;
-    } else if (seg == ".") {
-      trailing_slash = true;
-    } else if (!(seg.empty() && pos == 0)) {
-      out.push_back(seg);
-    }
-    if (last) break;
-    pos = slash + 1;
-  }
-  std::string path;
-  for (auto seg : out) {
-    path += '/';
-    path += seg;
-  }
-  if (trailing_slash || path.empty()) path += '/';
-  return path;
-}
-
 bool is_redirect(unsigned status) {
   return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
 }
@@ -121,52 +94,51 @@ bool is_ip_address(const std::string& host) {
 // ---------------------------------------------------------------------------------------------
 // Url
 
-Result<Url> Url::parse(std::string_view text) {
+namespace {
+
+// The connection's parts of a URL Boost.URL parsed or resolved; `shown` is the text an error
+// names (without its query).
+Result<Url> from_parsed(const boost::urls::url_view_base& u, std::string_view shown) {
   auto bad = [&](std::string_view why) {
-    return make_error(Errc::bad_request, fmt::format("bad URL '{}': {}", without_query(text), why));
+    return make_error(Errc::bad_request, fmt::format("bad URL '{}': {}", without_query(shown), why));
   };
-  for (unsigned char c : text)
-    if (c <= 0x20 || c == 0x7f) return bad("it contains a space or control character");
-  auto colon = text.find("://");
-  if (colon == std::string_view::npos) return bad("it is not absolute (scheme://host/...)");
+  if (!u.has_scheme() || !u.has_authority()) return bad("it is not absolute (scheme://host/...)");
   Url url;
-  url.scheme = to_lower(text.substr(0, colon));
+  url.scheme = to_lower(u.scheme());
   if (url.scheme != "http" && url.scheme != "https") return bad("the scheme is not http or https");
-  auto rest = text.substr(colon + 3);
-  auto auth_end = rest.find_first_of("/?#");
-  auto authority = rest.substr(0, auth_end);
-  auto target = auth_end == std::string_view::npos ? std::string_view{} : rest.substr(auth_end);
-  target = target.substr(0, target.find('#'));
-  if (authority.find('@') != std::string_view::npos) return bad("user information in URLs is not supported");
-  std::string_view port_text;
-  if (!authority.empty() && authority.front() == '[') {
-    auto close = authority.find(']');
-    if (close == std::string_view::npos) return bad("unclosed '[' in the host");
-    url.host = std::string(authority.substr(1, close - 1));
-    auto after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') return bad("junk after the host");
-      port_text = after.substr(1);
-    }
-  } else {
-    auto pc = authority.rfind(':');
-    url.host = std::string(authority.substr(0, pc));
-    if (pc != std::string_view::npos) port_text = authority.substr(pc + 1);
-  }
-  url.host = to_lower(url.host);
+  if (u.has_userinfo()) return bad("user information in URLs is not supported");
+  if (u.host_type() == boost::urls::host_type::ipvfuture) return bad("the host is not a name or address");
+  url.host = to_lower(u.host_address());
   if (url.host.empty()) return bad("the host is empty");
   url.port = default_port(url.scheme);
-  if (!port_text.empty()) {
+  if (std::string_view port_text = u.port(); !port_text.empty()) {
     unsigned port = 0;
     auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
     if (ec != std::errc() || p != port_text.data() + port_text.size() || port == 0 || port > 65535)
       return bad("the port is not a number from 1 to 65535");
     url.port = static_cast<std::uint16_t>(port);
   }
-  if (target.empty()) url.target = "/";
-  else if (target.front() == '?') url.target = "/" + std::string(target);
-  else url.target = std::string(target);
+  // After an authority the path is empty or begins with '/'; Boost.URL 1.81 accepts
+  // "http://h:8x/" as port "8" and path "x/".
+  std::string_view path = u.encoded_path();
+  if (!path.empty() && path.front() != '/') return bad("junk after the host or port");
+  url.target = path.empty() ? std::string("/") : std::string(path);
+  if (u.has_query()) url.target += "?" + std::string(u.encoded_query());
   return url;
+}
+
+}  // namespace
+
+Result<Url> Url::parse(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return make_error(Errc::bad_request, fmt::format("bad URL '{}': {}", without_query(text), why));
+  };
+  for (unsigned char c : text)
+    if (c <= 0x20 || c == 0x7f) return bad("it contains a space or control character");
+  if (text.find("://") == std::string_view::npos) return bad("it is not absolute (scheme://host/...)");
+  auto parsed = boost::urls::parse_uri(text);
+  if (!parsed) return bad("it is not a URL as RFC 3986 writes them");
+  return from_parsed(*parsed, text);
 }
 
 std::string Url::origin() const { return fmt::format("{}://{}:{}", scheme, host_for_url(host), port); }
@@ -179,30 +151,25 @@ std::string Url::str() const {
 std::string Url::redacted() const { return origin() + without_query(target); }
 
 Result<Url> Url::resolve(std::string_view location) const {
-  if (location.find("://") != std::string_view::npos &&
-      location.find("://") < location.find_first_of("/?#"))
-    return parse(location);
-  if (location.substr(0, 2) == "//") return parse(scheme + ":" + std::string(location));
-  for (unsigned char c : location)
-    if (c <= 0x20 || c == 0x7f)
-      return make_error(Errc::bad_request, fmt::format("bad redirect location '{}' from {}",
-                                                       without_query(location), redacted()));
-  Url out = *this;
-  location = location.substr(0, location.find('#'));
-  std::string_view base_path = std::string_view(target).substr(0, target.find('?'));
-  if (location.empty()) {
-    out.target = target;
-  } else if (location.front() == '?') {
-    out.target = std::string(base_path) + std::string(location);
-  } else {
-    auto q = location.find('?');
-    auto path = location.substr(0, q);
-    auto query = q == std::string_view::npos ? std::string_view{} : location.substr(q);
-    std::string merged;
-    if (path.front() == '/') merged = std::string(path);
-    else merged = std::string(base_path.substr(0, base_path.rfind('/') + 1)) + std::string(path);
-    out.target = remove_dot_segments(merged) + std::string(query);
-  }
+  auto bad = [&] {
+    return make_error(Errc::bad_request, fmt::format("bad redirect location '{}' from {}",
+                                                     without_query(location), redacted()));
+  };
+  std::string base_text = str();
+  auto ref = boost::urls::parse_uri_reference(location);
+  auto base = boost::urls::parse_uri(base_text);
+  if (!ref || !base) return bad();
+  boost::urls::url resolved;
+  if (!boost::urls::resolve(*base, *ref, resolved)) return bad();
+  auto out = from_parsed(resolved, resolved.buffer());
+  if (!out) return out;
+  // Boost.URL 1.81 keeps the ".." segments that climb above the root ("/a/../../b" becomes
+  // "/../b"); RFC 3986 section 5.2.4 drops them.
+  std::string_view target = out->target;
+  while (target.starts_with("/..") && (target.size() == 3 || target[3] == '/' || target[3] == '?'))
+    target.remove_prefix(3);
+  if (target.empty() || target.front() == '?') out->target = "/" + std::string(target);
+  else out->target = std::string(target);
   return out;
 }
 
@@ -229,23 +196,6 @@ std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
-}
-
-std::optional<std::string> percent_decode(std::string_view in) {
-  std::string out;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '%') {
-      out += in[i];
-      continue;
-    }
-    if (i + 2 >= in.size()) return std::nullopt;
-    unsigned v = 0;
-    auto [p, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, v, 16);
-    if (ec != std::errc() || p != in.data() + i + 3) return std::nullopt;
-    out += static_cast<char>(v);
-    i += 2;
-  }
-  return out;
 }
 
 // Splits "host[:port]" or "[v6][:port]"; an unbracketed text with several colons is an IPv6
@@ -374,8 +324,8 @@ Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_vi
   if (at != std::string_view::npos) {
     auto userinfo = rest.substr(0, at);
     auto colon = userinfo.find(':');
-    auto user = percent_decode(userinfo.substr(0, colon));
-    auto pass = percent_decode(colon == std::string_view::npos ? std::string_view{} : userinfo.substr(colon + 1));
+    auto user = util::percent_decode(userinfo.substr(0, colon));
+    auto pass = util::percent_decode(colon == std::string_view::npos ? std::string_view{} : userinfo.substr(colon + 1));
     if (!user || !pass) return bad("bad percent-encoding in the user name or password");
     p.username = std::move(*user);
     p.password = std::move(*pass);
