@@ -578,6 +578,120 @@ ResponseHead make_head(const bhttp::response_parser<bhttp::buffer_body>& p, cons
   return head;
 }
 
+// The error for a body that ended early or failed after `delivered` bytes.
+Error body_error(const error_code& ec, const HopContext& ctx, const ResponseHead& head, std::uint64_t delivered) {
+  if (ec == bhttp::error::partial_message || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+      ec == asio::ssl::error::stream_truncated || ec == asio::error::connection_reset)
+    return make_error(Errc::network_error,
+                      fmt::format("reading the body of {}: cut short after {} bytes{} ({})", ctx.url.redacted(),
+                                  delivered, head.content_length ? fmt::format(" of {}", *head.content_length) : "",
+                                  ec.message()));
+  return socket_error(ec, "reading the body of", ctx.url);
+}
+
+// Reads up to the final (non-1xx) response header into `parser_slot`; interim answers
+// (100 Continue) are skipped.
+template <class Stream>
+awaitable<Result<void>> read_final_header(Stream& stream, beast::tcp_stream& lowest, beast::flat_buffer& buffer,
+                                          std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser_slot,
+                                          bhttp::verb method, const HopContext& ctx) {
+  for (;;) {
+    parser_slot.emplace();
+    parser_slot->header_limit(kHeaderLimit);
+    parser_slot->body_limit(boost::none);  // limits belong to the sink (request() enforces max_body)
+    if (method == bhttp::verb::head) parser_slot->skip(true);
+    lowest.expires_after(ctx.read_timeout);
+    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser_slot, kTuple);
+    (void)n;
+    if (ec) co_return socket_error(ec, "reading the answer of", ctx.url);
+    if (parser_slot->get().result_int() >= 200) co_return Result<void>{};
+  }
+}
+
+// A Content-Length body (a download), read straight from the stream into the sink's memory
+// (BodySink::buffer) or a block, bypassing the parser's copy: on a fast link the copies cost
+// more CPU than hashing the bytes. Each read is handed over as it arrives.
+template <class Stream>
+awaitable<Result<void>> read_sized_body(Stream& stream, beast::tcp_stream& lowest, beast::flat_buffer& buffer,
+                                        const HopContext& ctx, const ResponseHead& head) {
+  std::vector<char> block;
+  std::uint64_t delivered = 0;
+  std::uint64_t remaining = *head.content_length;
+  while (remaining > 0) {
+    std::span<char> dst;
+    if (ctx.sink.buffer) {
+      dst = ctx.sink.buffer();
+    } else {
+      block.resize(kBlockSize);
+      dst = std::span<char>(block.data(), block.size());
+    }
+    if (dst.empty()) co_return make_error(Errc::internal, "the body sink offered no buffer");
+    dst = dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(dst.size(), remaining)));
+    std::size_t n = 0;
+    error_code ec;
+    if (buffer.size() > 0) {
+      // Body bytes the header read already pulled in.
+      n = asio::buffer_copy(asio::buffer(dst.data(), dst.size()), buffer.data());
+      buffer.consume(n);
+    } else {
+      lowest.expires_after(ctx.read_timeout);
+      auto [rec, rn] = co_await stream.async_read_some(asio::buffer(dst.data(), dst.size()), kTuple);
+      ec = rec;
+      n = rn;
+    }
+    if (n > 0) {
+      remaining -= n;
+      delivered += n;
+      if (ctx.sink.on_data)
+        if (auto r = co_await ctx.sink.on_data(std::span<const char>(dst.data(), n)); !r) co_return r.error();
+    }
+    if (ec) co_return body_error(ec, ctx, head, delivered);
+  }
+  co_return Result<void>{};
+}
+
+// A chunked or close-delimited body, read through the parser into blocks handed to the sink.
+template <class Stream>
+awaitable<Result<void>> read_streamed_body(Stream& stream, beast::tcp_stream& lowest, beast::flat_buffer& buffer,
+                                           bhttp::response_parser<bhttp::buffer_body>& parser,
+                                           const HopContext& ctx, const ResponseHead& head) {
+  std::vector<char> block(kBlockSize);
+  std::uint64_t delivered = 0;
+  std::size_t filled = 0;
+  auto deliver = [&]() -> awaitable<Result<void>> {
+    if (filled == 0) co_return Result<void>{};
+    auto data = std::span<const char>(block.data(), filled);
+    delivered += filled;
+    filled = 0;
+    if (ctx.sink.on_data) co_return co_await ctx.sink.on_data(data);
+    co_return Result<void>{};
+  };
+  while (!parser.is_done()) {
+    parser.get().body().data = block.data() + filled;
+    parser.get().body().size = block.size() - filled;
+    lowest.expires_after(ctx.read_timeout);
+    auto [ec, n] = co_await bhttp::async_read_some(stream, buffer, parser, kTuple);
+    (void)n;
+    if (ec == bhttp::error::need_buffer) ec = {};
+    filled = block.size() - parser.get().body().size;
+    if (ec) {
+      // Hand over what arrived so the caller can resume from there, then report the cut.
+      if (auto r = co_await deliver(); !r) co_return r.error();
+      co_return body_error(ec, ctx, head, delivered);
+    }
+    // Hand a block over when it is full, when the body is complete, or when nothing more is
+    // waiting on the socket (an event stream must not be held back until 1 MiB has arrived).
+    // Bytes left in `buffer` do not count: with chunked encoding the CRLF closing each chunk
+    // stays there until the next chunk arrives, so waiting for an empty buffer would hold
+    // every token of a stream until its end. The sink accepts any split.
+    error_code aec;
+    bool idle = lowest.socket().available(aec) == 0;
+    if (filled == block.size() || parser.is_done() || (filled > 0 && idle))
+      if (auto r = co_await deliver(); !r) co_return r.error();
+  }
+  co_return co_await deliver();
+}
+
 template <class Stream>
 awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
                                 bhttp::request<bhttp::string_body>& req, HopContext ctx) {
@@ -591,18 +705,8 @@ awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
   // never grows the buffer: without this, a download runs on ~1 KiB reads (10x the CPU).
   buffer.reserve(kReadBufferSize);
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser_slot;
-  for (;;) {
-    parser_slot.emplace();
-    parser_slot->header_limit(kHeaderLimit);
-    parser_slot->body_limit(boost::none);  // limits belong to the sink (request() enforces max_body)
-    if (req.method() == bhttp::verb::head) parser_slot->skip(true);
-    lowest.expires_after(ctx.read_timeout);
-    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser_slot, kTuple);
-    (void)n;
-    if (ec) co_return socket_error(ec, "reading the answer of", ctx.url);
-    // Interim 1xx answers (100 Continue) come before the real one.
-    if (parser_slot->get().result_int() >= 200) break;
-  }
+  if (auto r = co_await read_final_header(stream, lowest, buffer, parser_slot, req.method(), ctx); !r)
+    co_return r.error();
   auto& parser = *parser_slot;
 
   unsigned status = parser.get().result_int();
@@ -623,90 +727,12 @@ awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
   head.redirects = ctx.redirects;
   if (ctx.sink.on_head)
     if (auto r = ctx.sink.on_head(head); !r) co_return r.error();
-
-  std::vector<char> block;
-  std::uint64_t delivered = 0;
-  auto cut_short = [&](const error_code& ec) -> Error {
-    if (ec == bhttp::error::partial_message || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::ssl::error::stream_truncated || ec == asio::error::connection_reset)
-      return make_error(Errc::network_error,
-                        fmt::format("reading the body of {}: cut short after {} bytes{} ({})", ctx.url.redacted(),
-                                    delivered, head.content_length ? fmt::format(" of {}", *head.content_length) : "",
-                                    ec.message()));
-    return socket_error(ec, "reading the body of", ctx.url);
-  };
-
-  if (head.content_length && req.method() != bhttp::verb::head) {
-    // A Content-Length body (a download) is read straight from the stream into the sink's
-    // memory (BodySink::buffer) or a block, bypassing the parser's copy: on a fast link the
-    // copies cost more CPU than hashing the bytes. Each read is handed over as it arrives.
-    std::uint64_t remaining = *head.content_length;
-    while (remaining > 0) {
-      std::span<char> dst;
-      if (ctx.sink.buffer) {
-        dst = ctx.sink.buffer();
-      } else {
-        block.resize(kBlockSize);
-        dst = std::span<char>(block.data(), block.size());
-      }
-      if (dst.empty()) co_return make_error(Errc::internal, "the body sink offered no buffer");
-      dst = dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(dst.size(), remaining)));
-      std::size_t n = 0;
-      error_code ec;
-      if (buffer.size() > 0) {
-        // Body bytes the header read already pulled in.
-        n = asio::buffer_copy(asio::buffer(dst.data(), dst.size()), buffer.data());
-        buffer.consume(n);
-      } else {
-        lowest.expires_after(ctx.read_timeout);
-        auto [rec, rn] = co_await stream.async_read_some(asio::buffer(dst.data(), dst.size()), kTuple);
-        ec = rec;
-        n = rn;
-      }
-      if (n > 0) {
-        remaining -= n;
-        delivered += n;
-        if (ctx.sink.on_data)
-          if (auto r = co_await ctx.sink.on_data(std::span<const char>(dst.data(), n)); !r) co_return r.error();
-      }
-      if (ec) co_return cut_short(ec);
-    }
-  } else {
-    block.resize(kBlockSize);
-    std::size_t filled = 0;
-    auto deliver = [&]() -> awaitable<Result<void>> {
-      if (filled == 0) co_return Result<void>{};
-      auto data = std::span<const char>(block.data(), filled);
-      delivered += filled;
-      filled = 0;
-      if (ctx.sink.on_data) co_return co_await ctx.sink.on_data(data);
-      co_return Result<void>{};
-    };
-    while (!parser.is_done()) {
-      parser.get().body().data = block.data() + filled;
-      parser.get().body().size = block.size() - filled;
-      lowest.expires_after(ctx.read_timeout);
-      auto [ec, n] = co_await bhttp::async_read_some(stream, buffer, parser, kTuple);
-      (void)n;
-      if (ec == bhttp::error::need_buffer) ec = {};
-      filled = block.size() - parser.get().body().size;
-      if (ec) {
-        // Hand over what arrived so the caller can resume from there, then report the cut.
-        if (auto r = co_await deliver(); !r) co_return r.error();
-        co_return cut_short(ec);
-      }
-      // Hand a block over when it is full, when the body is complete, or when nothing more is
-      // waiting on the socket (an event stream must not be held back until 1 MiB has arrived).
-      // Bytes left in `buffer` do not count: with chunked encoding the CRLF closing each chunk
-      // stays there until the next chunk arrives, so waiting for an empty buffer would hold
-      // every token of a stream until its end. The sink accepts any split.
-      error_code aec;
-      bool idle = lowest.socket().available(aec) == 0;
-      if (filled == block.size() || parser.is_done() || (filled > 0 && idle))
-        if (auto r = co_await deliver(); !r) co_return r.error();
-    }
-    if (auto r = co_await deliver(); !r) co_return r.error();
-  }
+  Result<void> body;
+  if (head.content_length && req.method() != bhttp::verb::head)
+    body = co_await read_sized_body(stream, lowest, buffer, ctx, head);
+  else
+    body = co_await read_streamed_body(stream, lowest, buffer, parser, ctx, head);
+  if (!body) co_return body.error();
   Hop hop;
   hop.final_head = std::move(head);
   co_return hop;
