@@ -192,12 +192,6 @@ std::string env(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 // Splits "host[:port]" or "[v6][:port]"; an unbracketed text with several colons is an IPv6
 // address without a port. Returns false on bad syntax.
 bool split_host_port(std::string_view text, std::string& host, std::optional<std::uint16_t>& port) {
@@ -300,7 +294,7 @@ ProxyConfig ProxyConfig::from_environment() {
 }
 
 Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_view setting) {
-  text = trim(text);
+  text = util::trim(text);
   std::string scheme = "http";
   std::string_view rest = text;
   if (auto sep = text.find("://"); sep != std::string_view::npos) {
@@ -358,7 +352,7 @@ bool bypasses_proxy(std::string_view no_proxy, const Url& url) {
   std::size_t pos = 0;
   while (pos <= no_proxy.size()) {
     auto end = no_proxy.find_first_of(", \t", pos);
-    auto entry = trim(no_proxy.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos));
+    auto entry = util::trim(no_proxy.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos));
     if (entry == "*") return true;
     if (!entry.empty() && no_proxy_entry_matches(entry, host, url.port)) return true;
     if (end == std::string_view::npos) break;
@@ -370,7 +364,7 @@ bool bypasses_proxy(std::string_view no_proxy, const Url& url) {
 Result<std::optional<ProxyEndpoint>> select_proxy(const ProxyConfig& config, const Url& url) {
   bool https = url.scheme == "https";
   const std::string& text = https ? config.https_proxy : config.http_proxy;
-  if (trim(text).empty() || bypasses_proxy(config.no_proxy, url)) return std::optional<ProxyEndpoint>();
+  if (util::trim(text).empty() || bypasses_proxy(config.no_proxy, url)) return std::optional<ProxyEndpoint>();
   auto p = ProxyEndpoint::parse(text, https ? "https_proxy" : "http_proxy");
   if (!p) return p.error();
   return std::optional<ProxyEndpoint>(std::move(*p));
@@ -495,7 +489,7 @@ std::optional<CivilTime> parse_http_date(std::string_view text, std::int64_t now
 
 std::optional<std::chrono::seconds> parse_retry_after(std::string_view value,
                                                       std::chrono::system_clock::time_point now) {
-  value = trim(value);
+  value = util::trim(value);
   if (value.empty()) return std::nullopt;
   if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     std::int64_t seconds = 0;
