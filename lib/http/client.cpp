@@ -96,6 +96,26 @@ bool is_ip_address(const std::string& host) {
 
 namespace {
 
+// `text` with the printable bytes RFC 3986 leaves out of URLs percent-encoded, as browsers do
+// before they send them: '"', '<', '>', '\', '^', '`', '{', '|', '}', bytes from 0x80, and '[' and
+// ']' after the host (a server decodes them to the same bytes). Spaces and control characters
+// stay, for the parser to refuse.
+std::string encode_lenient(std::string_view text) {
+  std::size_t path_start = 0;  // the host's brackets ("[::1]") are left alone
+  if (auto slashes = text.find("//"); slashes != std::string_view::npos && slashes == text.find_first_of("/?#"))
+    path_start = std::min(text.find_first_of("/?#", slashes + 2), text.size());
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    auto c = static_cast<unsigned char>(text[i]);
+    bool bracket = (c == '[' || c == ']') && i >= path_start;
+    if (c >= 0x80 || bracket || std::string_view("\"<>\\^`{|}").find(static_cast<char>(c)) != std::string_view::npos)
+      out += fmt::format("%{:02X}", c);
+    else
+      out += static_cast<char>(c);
+  }
+  return out;
+}
+
 // The connection's parts of a URL Boost.URL parsed or resolved; `shown` is the text an error
 // names (without its query).
 Result<Url> from_parsed(const boost::urls::url_view_base& u, std::string_view shown) {
@@ -136,7 +156,8 @@ Result<Url> Url::parse(std::string_view text) {
   for (unsigned char c : text)
     if (c <= 0x20 || c == 0x7f) return bad("it contains a space or control character");
   if (text.find("://") == std::string_view::npos) return bad("it is not absolute (scheme://host/...)");
-  auto parsed = boost::urls::parse_uri(text);
+  std::string encoded = encode_lenient(text);
+  auto parsed = boost::urls::parse_uri(encoded);
   if (!parsed) return bad("it is not a URL as RFC 3986 writes them");
   return from_parsed(*parsed, text);
 }
@@ -156,7 +177,8 @@ Result<Url> Url::resolve(std::string_view location) const {
                                                      without_query(location), redacted()));
   };
   std::string base_text = str();
-  auto ref = boost::urls::parse_uri_reference(location);
+  std::string encoded = encode_lenient(location);
+  auto ref = boost::urls::parse_uri_reference(encoded);
   auto base = boost::urls::parse_uri(base_text);
   if (!ref || !base) return bad();
   boost::urls::url resolved;
