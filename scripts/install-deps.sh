@@ -16,7 +16,7 @@ apt-get update -qq -o DPkg::Lock::Timeout=600
 # Another apt (unattended-upgrades, a colleague's install) may hold the lock: wait for it.
 apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
     build-essential cmake ninja-build ccache pkg-config git ca-certificates \
-    libboost1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
+    libboost1.81-dev libboost-url1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
     catch2 libssl-dev libtomlplusplus-dev libcli11-dev \
     systemd dbus util-linux procps curl python3 python3-pytest \
     openssl tinyproxy mitmproxy aria2 prometheus tmux \

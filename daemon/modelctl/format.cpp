@@ -313,14 +313,14 @@ std::string plan_text(const json& p, const Style& style) {
   out += fmt::format("  Needed:     {} of new disk space\n", bytes(uint(p, "bytes_needed")));
   out += fmt::format("  Free:       {}\n", bytes(uint(p, "bytes_free")));
   out += fmt::format("  Reserve:    {}\n", bytes(uint(p, "disk_reserve")));
-  std::string evictions;
+  std::vector<std::string> evictions;
   std::uint64_t evicted = 0;
   for (const auto& e : p.value("evictions", json::array())) {
     evicted += uint(e, "bytes");
-    evictions += fmt::format("{}{} ({}{})", evictions.empty() ? "" : ", ", str(e, "name"), bytes(uint(e, "bytes")),
-                             e.value("active", false) ? ", the active model" : "");
+    evictions.push_back(fmt::format("{} ({}{})", str(e, "name"), bytes(uint(e, "bytes")),
+                                    e.value("active", false) ? ", the active model" : ""));
   }
-  out += fmt::format("  Evictions:  {}\n", evictions.empty() ? "none" : evictions);
+  out += fmt::format("  Evictions:  {}\n", evictions.empty() ? "none" : fmt::format("{}", fmt::join(evictions, ", ")));
   const auto free = uint(p, "bytes_free"), reserve = uint(p, "disk_reserve");
   const auto available = free > reserve ? free - reserve : 0;
   if (p.value("fits", false)) {

@@ -15,6 +15,7 @@
 #include "units/service_manager.hpp"
 #include "util/files.hpp"
 #include "util/on_pool.hpp"
+#include "util/text.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -85,7 +86,7 @@ Result<Token> read_token(const config::Config& cfg) {
   }
   if (const char* env = std::getenv("HF_TOKEN"); env && *env) {
     std::string t = env;
-    while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) t.pop_back();
+    t = std::string(modeld::util::trim(t));
     return Token{t, "$HF_TOKEN"};
   }
   return Token{"", "none"};

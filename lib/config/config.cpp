@@ -773,7 +773,7 @@ std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& relo
       if constexpr (std::is_same_v<V, fs::path>) return "\"" + v.string() + "\"";
       else if constexpr (std::is_same_v<V, std::string>) return "\"" + v + "\"";
       else if constexpr (std::is_integral_v<V>) return std::to_string(v);
-      else return fmt::format("{} ms", v.count());
+      else return util::format_milliseconds(v);
     };
     out.push_back(FixedChange{std::string(key), text(in_use), text(requested)});
     requested = in_use;

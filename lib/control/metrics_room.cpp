@@ -72,12 +72,9 @@ std::optional<std::string> ClosedNotes::closed(const std::string& from, Clock::t
   else ++unnamed_;
   const auto n = rate_.count(now);
   if (!n) return std::nullopt;
-  std::string s = fmt::format("{} connection(s) closed since the last line, from", *n);
-  const char* sep = " ";
-  for (const auto& [address, count] : by_address_) {
-    s += fmt::format("{}{} ({})", sep, address, count);
-    sep = ", ";
-  }
+  std::vector<std::string> items;
+  for (const auto& [address, count] : by_address_) items.push_back(fmt::format("{} ({})", address, count));
+  std::string s = fmt::format("{} connection(s) closed since the last line, from {}", *n, fmt::join(items, ", "));
   if (unnamed_) s += fmt::format(", and {} from other addresses", unnamed_);
   by_address_.clear();
   unnamed_ = 0;

@@ -79,24 +79,11 @@ json model_json(const deploy::ModelInfo& m) {
               {"last_active", m.last_active ? json(*m.last_active) : json(nullptr)}};
 }
 
-// Decodes %XX escapes of one path segment; nullopt on a malformed escape or a decoded '/' or
-// NUL, which no deployment id contains.
-std::optional<std::string> percent_decode(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '%') {
-      out += s[i];
-      continue;
-    }
-    if (i + 2 >= s.size()) return std::nullopt;
-    unsigned v = 0;
-    auto [p, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
-    if (ec != std::errc{} || p != s.data() + i + 3) return std::nullopt;
-    if (v == 0 || v == '/') return std::nullopt;
-    out += static_cast<char>(v);
-    i += 2;
-  }
+// Decodes one path segment (util::percent_decode); nullopt on a malformed escape or a decoded
+// '/' or NUL, which no deployment id or model name contains.
+std::optional<std::string> decode_segment(std::string_view s) {
+  auto out = util::percent_decode(s);
+  if (!out || out->find_first_of(std::string_view("/\0", 2)) != std::string::npos) return std::nullopt;
   return out;
 }
 
@@ -324,78 +311,81 @@ std::string metrics_text(const deploy::Engine& engine) {
   return metrics_text(engine, counters);
 }
 
-std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters) {
-  std::string out;
-  auto family = [&out](std::string_view name, std::string_view type, std::string_view help) {
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-  };
-  family("modeld_up", "gauge", "Whether modeld is running (always 1 when it answers).");
+namespace {
+
+void family(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+// One series per label value in `keys`, with `label`="key" and its count in `counts` (0 when absent).
+void labelled_counts(std::string& out, std::string_view name, std::string_view label,
+                     std::initializer_list<std::string_view> keys,
+                     const std::map<std::string, std::uint64_t>& counts) {
+  for (std::string_view key : keys) {
+    auto it = counts.find(std::string(key));
+    out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, key, it == counts.end() ? 0 : it->second);
+  }
+}
+
+// modeld_up, the deployments, their phases and the download families.
+void deployment_metrics(std::string& out, const deploy::Engine& engine, const MetricCounters& counters) {
+  family(out, "modeld_up", "gauge", "Whether modeld is running (always 1 when it answers).");
   out += "modeld_up 1\n";
 
-  family("modeld_deployments_total", "counter", "Deployments that ended, by terminal state.");
-  for (std::string_view result : {"succeeded", "failed", "cancelled", "rolled_back"}) {
-    auto it = counters.deployments.find(std::string(result));
-    out += fmt::format("modeld_deployments_total{{result=\"{}\"}} {}\n", result,
-                       it == counters.deployments.end() ? 0 : it->second);
-  }
+  family(out, "modeld_deployments_total", "counter", "Deployments that ended, by terminal state.");
+  labelled_counts(out, "modeld_deployments_total", "result", {"succeeded", "failed", "cancelled", "rolled_back"},
+                  counters.deployments);
 
   const auto current = engine.current();
-  family("modeld_deployment_running", "gauge", "Whether a deployment runs now.");
+  family(out, "modeld_deployment_running", "gauge", "Whether a deployment runs now.");
   out += fmt::format("modeld_deployment_running {}\n", current && !current->ended() ? 1 : 0);
 
   // Durations of each phase: the deployment that ran it last (what an operator compares with),
   // and totals since the daemon started for averages (rate(total) / rate(runs)). Plain counters
   // rather than a histogram: the buckets that would fit a 2 s planning and a 3 h download differ
   // too much to be useful in one family.
-  family("modeld_phase_duration_seconds", "gauge",
+  family(out, "modeld_phase_duration_seconds", "gauge",
          "Time the deployment that ran each phase last spent in it, in seconds.");
   for (const auto& [phase, d] : counters.phases)
     out += fmt::format("modeld_phase_duration_seconds{{phase=\"{}\"}} {}\n", label_value(phase), d.last);
-  family("modeld_phase_seconds_total", "counter", "Time all deployments since modeld started spent in each phase, in seconds.");
+  family(out, "modeld_phase_seconds_total", "counter", "Time all deployments since modeld started spent in each phase, in seconds.");
   for (const auto& [phase, d] : counters.phases)
     out += fmt::format("modeld_phase_seconds_total{{phase=\"{}\"}} {}\n", label_value(phase), d.sum);
-  family("modeld_phase_runs_total", "counter", "Phases run to their end by deployments since modeld started.");
+  family(out, "modeld_phase_runs_total", "counter", "Phases run to their end by deployments since modeld started.");
   for (const auto& [phase, d] : counters.phases)
     out += fmt::format("modeld_phase_runs_total{{phase=\"{}\"}} {}\n", label_value(phase), d.count);
 
-  family("modeld_download_bytes_total", "counter", "Checkpoint bytes written by downloads since modeld started.");
+  family(out, "modeld_download_bytes_total", "counter", "Checkpoint bytes written by downloads since modeld started.");
   out += fmt::format("modeld_download_bytes_total {}\n", counters.download_bytes);
-  family("modeld_download_rate_bytes_per_second", "gauge",
+  family(out, "modeld_download_rate_bytes_per_second", "gauge",
          "Download rate of the running deployment now (0 when nothing downloads), in bytes per second.");
   double rate = 0;
   if (current && !current->ended() && current->phase == deploy::Phase::downloading)
     rate = current->progress.rate_bytes_per_s;
   out += fmt::format("modeld_download_rate_bytes_per_second {}\n", rate);
+}
 
-  family("modeld_verification_failures_total", "counter",
+// The verification failure and configuration reload families.
+void check_metrics(std::string& out, const MetricCounters& counters) {
+  family(out, "modeld_verification_failures_total", "counter",
          "Checkpoints found damaged: deployments failed by a size, checksum, safetensors or completeness check "
          "(source=deployment), and modelctl verify runs that found problems (source=verify).");
-  for (std::string_view source : {"deployment", "verify"}) {
-    auto it = counters.verification_failures.find(std::string(source));
-    out += fmt::format("modeld_verification_failures_total{{source=\"{}\"}} {}\n", source,
-                       it == counters.verification_failures.end() ? 0 : it->second);
-  }
+  labelled_counts(out, "modeld_verification_failures_total", "source", {"deployment", "verify"},
+                  counters.verification_failures);
 
-  family("modeld_config_reloads_total", "counter", "Configuration reloads (SIGHUP), taken over or refused.");
-  for (std::string_view result : {"success", "failure"}) {
-    auto it = counters.reloads.find(std::string(result));
-    out += fmt::format("modeld_config_reloads_total{{result=\"{}\"}} {}\n", result,
-                       it == counters.reloads.end() ? 0 : it->second);
-  }
-  family("modeld_config_last_reload_successful", "gauge",
+  family(out, "modeld_config_reloads_total", "counter", "Configuration reloads (SIGHUP), taken over or refused.");
+  labelled_counts(out, "modeld_config_reloads_total", "result", {"success", "failure"}, counters.reloads);
+  family(out, "modeld_config_last_reload_successful", "gauge",
          "Whether the last configuration reload was taken over (1 until the first reload).");
   out += fmt::format("modeld_config_last_reload_successful {}\n", counters.last_reload_ok.value_or(true) ? 1 : 0);
+}
 
-  family("modeld_active_model_info", "gauge", "The model in service, its commit and its unit.");
-  if (auto a = engine.active())
-    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
-                       label_value(a->model), label_value(a->commit), label_value(a->unit));
-
-  // The post-deploy watchdog, one series per model watched since the daemon started.
+// The post-deploy watchdog, one series per model watched since the daemon started.
+void watchdog_metrics(std::string& out, const deploy::Engine& engine) {
   const auto watched = engine.watchdogs();
   auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
     if (watched.empty()) return;
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    family(out, name, type, help);
     for (const auto& w : watched) {
       auto v = value(w);
       if (v) out += fmt::format("{}{{model=\"{}\"}} {}\n", name, label_value(w.model), *v);
@@ -411,23 +401,38 @@ std::string metrics_text(const deploy::Engine& engine, const MetricCounters& cou
             });
   per_model("modeld_readiness_probe_seconds", "gauge", "How long the last watchdog probe took, in seconds.",
             [](const deploy::WatchdogStatus& w) { return w.last_probe_seconds; });
+}
 
-  // The benchmark of each model's newest deployment that measured one.
+// The benchmark of each model's newest deployment that measured one.
+void benchmark_metrics(std::string& out, const deploy::Engine& engine) {
   std::map<std::string, std::pair<double, double>> bench;
   for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
     if (d.benchmark_ttft_s && d.benchmark_decode_tokens_per_s && !bench.count(d.model))
       bench[d.model] = {*d.benchmark_ttft_s, *d.benchmark_decode_tokens_per_s};
-  if (!bench.empty()) {
-    out += "# HELP modeld_benchmark_ttft_seconds Time to the first token in the model's last deployment benchmark.\n";
-    out += "# TYPE modeld_benchmark_ttft_seconds gauge\n";
-    for (const auto& [model, b] : bench)
-      out += fmt::format("modeld_benchmark_ttft_seconds{{model=\"{}\"}} {}\n", label_value(model), b.first);
-    out += "# HELP modeld_benchmark_decode_tokens_per_second Decode rate in the model's last deployment benchmark.\n";
-    out += "# TYPE modeld_benchmark_decode_tokens_per_second gauge\n";
-    for (const auto& [model, b] : bench)
-      out += fmt::format("modeld_benchmark_decode_tokens_per_second{{model=\"{}\"}} {}\n", label_value(model),
-                         b.second);
-  }
+  if (bench.empty()) return;
+  out += "# HELP modeld_benchmark_ttft_seconds Time to the first token in the model's last deployment benchmark.\n";
+  out += "# TYPE modeld_benchmark_ttft_seconds gauge\n";
+  for (const auto& [model, b] : bench)
+    out += fmt::format("modeld_benchmark_ttft_seconds{{model=\"{}\"}} {}\n", label_value(model), b.first);
+  out += "# HELP modeld_benchmark_decode_tokens_per_second Decode rate in the model's last deployment benchmark.\n";
+  out += "# TYPE modeld_benchmark_decode_tokens_per_second gauge\n";
+  for (const auto& [model, b] : bench)
+    out += fmt::format("modeld_benchmark_decode_tokens_per_second{{model=\"{}\"}} {}\n", label_value(model),
+                       b.second);
+}
+
+}  // namespace
+
+std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters) {
+  std::string out;
+  deployment_metrics(out, engine, counters);
+  check_metrics(out, counters);
+  family(out, "modeld_active_model_info", "gauge", "The model in service, its commit and its unit.");
+  if (auto a = engine.active())
+    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
+                       label_value(a->model), label_value(a->commit), label_value(a->unit));
+  watchdog_metrics(out, engine);
+  benchmark_metrics(out, engine);
   return out;
 }
 
@@ -477,7 +482,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
     return start_deployment(req, engine);
   }
-  auto id = percent_decode(parts[2]);
+  auto id = decode_segment(parts[2]);
   if (!id) return not_found();
   if (parts.size() == 3) {
     if (!get) return method_not_allowed(req, path, "GET");
@@ -551,7 +556,7 @@ namespace {
 std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
   const auto parts = split_path(path);
   if (parts.size() < 3 || parts.size() > 4 || parts[0] != "v1" || parts[1] != "models") return std::nullopt;
-  auto name = percent_decode(parts[2]);
+  auto name = decode_segment(parts[2]);
   if (!name) return std::nullopt;
   std::string action = parts.size() == 4 ? std::string(parts[3]) : std::string();
   if (!action.empty() && action != "plan" && action != "verify") return std::nullopt;

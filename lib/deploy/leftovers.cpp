@@ -75,10 +75,9 @@ PortUse port_use(std::uint16_t port) {
 
 std::string describe_processes(const std::vector<ProcessRef>& procs) {
   if (procs.empty()) return "none";
-  std::string out;
-  for (const auto& p : procs)
-    out += fmt::format("{}pid {} ({})", out.empty() ? "" : ", ", p.pid, p.name.empty() ? "exited" : p.name);
-  return out;
+  std::vector<std::string> items;
+  for (const auto& p : procs) items.push_back(fmt::format("pid {} ({})", p.pid, p.name.empty() ? "exited" : p.name));
+  return fmt::format("{}", fmt::join(items, ", "));
 }
 
 }  // namespace modeld::deploy

@@ -55,7 +55,7 @@ std::string describe_down(const std::string& unit, const units::UnitStatus& st) 
 }
 
 std::string seconds_text(milliseconds d) {
-  if (d < std::chrono::seconds(10)) return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0);
+  if (d < std::chrono::seconds(10)) return util::format_seconds(d);
   return util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(d));
 }
 

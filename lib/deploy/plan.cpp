@@ -45,11 +45,7 @@ boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const confi
       if (!has(all, path)) absent.insert(path);
       else if (!has(kept, path)) filtered.insert(path);
     }
-    auto join = [](const std::set<std::string>& v) {
-      std::string out;
-      for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
-      return out;
-    };
+    auto join = [](const std::set<std::string>& v) { return fmt::format("{}", fmt::join(v, ", ")); };
     if (!absent.empty())
       co_return make_error(Errc::checkpoint_incomplete,
                            fmt::format("{} of {} at {} names shards the repository does not have: {}", index.path,
@@ -185,8 +181,7 @@ boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, c
 
   auto dropped = verify::needed_but_filtered(snap->files, kept.files);
   if (!dropped.empty()) {
-    std::string list;
-    for (const auto& d : dropped) list += (list.empty() ? "" : ", ") + d;
+    std::string list = fmt::format("{}", fmt::join(dropped, ", "));
     co_return make_error(Errc::plan_invalid,
                          fmt::format("model {}: include/exclude filter out files the checkpoint needs: {} "
                                      "(set in {})",

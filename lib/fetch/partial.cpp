@@ -3,6 +3,7 @@
 #include "util/json.hpp"
 
 #include "util/files.hpp"
+#include "util/text.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -60,7 +61,7 @@ std::string current_boot_id() {
   auto text = util::read_file("/proc/sys/kernel/random/boot_id", 256);
   if (!text) return "";
   std::string id = *text;
-  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  id = std::string(util::trim(id));
   return id;
 }
 

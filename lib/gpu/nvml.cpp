@@ -3,6 +3,7 @@
 #include "util/text.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <dlfcn.h>
@@ -69,13 +70,10 @@ std::string process_name(std::uint32_t pid) {
 std::string gpu_label(const Gpu& g) { return fmt::format("GPU {} ({})", g.index, g.name); }
 
 std::string pid_list(const std::vector<GpuProcess>& procs) {
-  std::string out;
-  for (const auto& p : procs) {
-    if (!out.empty()) out += ", ";
-    out += fmt::format("pid {}", p.pid);
-    if (!p.name.empty()) out += fmt::format(" ({})", p.name);
-  }
-  return out;
+  std::vector<std::string> items;
+  for (const auto& p : procs)
+    items.push_back(p.name.empty() ? fmt::format("pid {}", p.pid) : fmt::format("pid {} ({})", p.pid, p.name));
+  return fmt::format("{}", fmt::join(items, ", "));
 }
 
 // "20.0 GiB held by pid 1 (a), pid 2 (b)"; "" when no process is listed and the list is known.
@@ -149,10 +147,10 @@ Result<bool> Nvml::load_locked() {
   }
   auto api = std::make_unique<Api>();
   api->handle = h;
-  std::string missing;
+  std::vector<std::string_view> missing;
   auto resolve = [&](auto& fn, const char* sym, bool required) {
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, sym));
-    if (!fn && required) missing += (missing.empty() ? "" : ", ") + std::string(sym);
+    if (!fn && required) missing.push_back(sym);
   };
   resolve(api->init, "nvmlInit_v2", true);
   resolve(api->shutdown, "nvmlShutdown", true);
@@ -166,7 +164,7 @@ Result<bool> Nvml::load_locked() {
   resolve(api->processes, "nvmlDeviceGetComputeRunningProcesses_v3", true);
   if (!missing.empty()) {
     // Too old a driver (the _v3 process call came with R510); refuse rather than guess layouts.
-    return make_error(kGpuErrc, fmt::format("{}: lacks {} (NVIDIA driver too old?)", library_, missing));
+    return make_error(kGpuErrc, fmt::format("{}: lacks {} (NVIDIA driver too old?)", library_, fmt::join(missing, ", ")));
   }
   api_ = std::move(api);
   return true;
@@ -262,15 +260,13 @@ std::string format_gib(std::uint64_t bytes) {
 }
 
 std::string describe_holders(const Snapshot& snap, const std::vector<unsigned>& only) {
-  std::string out;
+  std::vector<std::string> items;
   for (const auto& g : snap.gpus) {
     if (!only.empty() && std::find(only.begin(), only.end(), g.index) == only.end()) continue;
     std::string text = holders_text(g);
-    if (text.empty()) continue;
-    if (!out.empty()) out += "; ";
-    out += gpu_label(g) + ": " + text;
+    if (!text.empty()) items.push_back(gpu_label(g) + ": " + text);
   }
-  return out;
+  return fmt::format("{}", fmt::join(items, "; "));
 }
 
 Baseline baseline_of(const Snapshot& snap) {
@@ -311,37 +307,36 @@ std::vector<Excess> memory_back_to(const Snapshot& now, const Baseline& before, 
 }
 
 std::string describe_excess(const std::vector<Excess>& excess) {
-  std::string out;
-  for (const auto& e : excess) {
-    if (!out.empty()) out += "; ";
-    out += fmt::format("GPU {} ({}): {} above the baseline, ", e.index, e.name, format_gib(e.above_bytes));
-    out += e.processes.empty() ? std::string("no process listed") : "held by " + pid_list(e.processes);
-  }
-  return out;
+  std::vector<std::string> items;
+  for (const auto& e : excess)
+    items.push_back(fmt::format("GPU {} ({}): {} above the baseline, {}", e.index, e.name, format_gib(e.above_bytes),
+                                e.processes.empty() ? std::string("no process listed")
+                                                    : "held by " + pid_list(e.processes)));
+  return fmt::format("{}", fmt::join(items, "; "));
 }
 
 Result<void> check_free(const Snapshot& snap, unsigned gpus_needed, std::uint64_t bytes_per_gpu) {
   if (snap.gpus.size() < gpus_needed) {
-    std::string seen;
-    for (const auto& g : snap.gpus) seen += (seen.empty() ? ": " : ", ") + gpu_label(g);
-    return make_error(kGpuErrc, fmt::format("needs {} GPU{}, {} visible{}", gpus_needed,
-                                            gpus_needed == 1 ? "" : "s", snap.gpus.size(), seen));
+    std::vector<std::string> seen;
+    for (const auto& g : snap.gpus) seen.push_back(gpu_label(g));
+    return make_error(kGpuErrc, fmt::format("needs {} GPU{}, {} visible{}{}", gpus_needed, gpus_needed == 1 ? "" : "s",
+                                            snap.gpus.size(), seen.empty() ? "" : ": ", fmt::join(seen, ", ")));
   }
-  std::string short_of;
+  std::vector<std::string> short_of;
   for (unsigned i = 0; i < gpus_needed; ++i) {
     const Gpu& g = snap.gpus[i];
     if (g.free_bytes >= bytes_per_gpu) continue;
     std::string holders = holders_text(g);
-    if (!short_of.empty()) short_of += "; ";
-    short_of += fmt::format("{}: {} free of {}, {}", gpu_label(g), format_gib(g.free_bytes), format_gib(g.total_bytes),
-                            holders.empty() ? fmt::format("{} used, no process listed", format_gib(g.used_bytes))
-                                            : holders);
+    short_of.push_back(fmt::format("{}: {} free of {}, {}", gpu_label(g), format_gib(g.free_bytes),
+                                   format_gib(g.total_bytes),
+                                   holders.empty() ? fmt::format("{} used, no process listed", format_gib(g.used_bytes))
+                                                   : holders));
   }
   if (short_of.empty()) return {};
   std::string where = gpus_needed == 1 ? std::string("on the first GPU")
                                         : fmt::format("on each of the first {} GPUs", gpus_needed);
   return make_error(kGpuErrc, fmt::format("not enough free GPU memory: {} needed {}; {}", format_gib(bytes_per_gpu),
-                                          where, short_of));
+                                          where, fmt::join(short_of, "; ")));
 }
 
 Result<void> check_free(const std::optional<Snapshot>& snap, unsigned gpus_needed, std::uint64_t bytes_per_gpu) {

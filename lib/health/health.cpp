@@ -2,6 +2,7 @@
 #include "util/json.hpp"
 #include "util/on_pool.hpp"
 #include "util/poll.hpp"
+#include "util/quantities.hpp"
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -53,7 +54,7 @@ std::string excerpt(std::string_view text, std::size_t limit = 200) {
   return out;
 }
 
-std::string seconds(std::chrono::milliseconds d) { return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0); }
+std::string seconds(std::chrono::milliseconds d) { return util::format_seconds(d); }
 
 Result<http::Request> make_request(const Target& t, std::string method, const std::string& path, std::string body = {}) {
   std::string host = t.host.find(':') != std::string::npos ? "[" + t.host + "]" : t.host;

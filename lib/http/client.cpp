@@ -1,4 +1,5 @@
 #include "http/client.hpp"
+#include "util/text.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/cancellation_state.hpp>
@@ -19,6 +20,8 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/url/parse.hpp>
+#include <boost/url/url.hpp>
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
@@ -76,36 +79,6 @@ std::string host_for_url(const std::string& host) {
   return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
 
-// RFC 3986 section 5.2.4, on a path without its query.
-std::string remove_dot_segments(std::string_view in) {
-  std::vector<std::string_view> out;
-  bool trailing_slash = false;
-  std::size_t pos = 0;
-  while (pos <= in.size()) {
-    auto slash = in.find('/', pos);
-    auto seg = in.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos);
-    bool last = slash == std::string_view::npos;
-    trailing_slash = false;
-    if (seg == "..") {
-      if (!out.empty()) out.pop_back();
-      trailing_slash = true;
-    } else if (seg == ".") {
-      trailing_slash = true;
-    } else if (!(seg.empty() && pos == 0)) {
-      out.push_back(seg);
-    }
-    if (last) break;
-    pos = slash + 1;
-  }
-  std::string path;
-  for (auto seg : out) {
-    path += '/';
-    path += seg;
-  }
-  if (trailing_slash || path.empty()) path += '/';
-  return path;
-}
-
 bool is_redirect(unsigned status) {
   return status == 301 || status == 302 || status == 303 || status == 307 || status == 308;
 }
@@ -121,52 +94,72 @@ bool is_ip_address(const std::string& host) {
 // ---------------------------------------------------------------------------------------------
 // Url
 
-Result<Url> Url::parse(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return make_error(Errc::bad_request, fmt::format("bad URL '{}': {}", without_query(text), why));
-  };
-  for (unsigned char c : text)
-    if (c <= 0x20 || c == 0x7f) return bad("it contains a space or control character");
-  auto colon = text.find("://");
-  if (colon == std::string_view::npos) return bad("it is not absolute (scheme://host/...)");
-  Url url;
-  url.scheme = to_lower(text.substr(0, colon));
-  if (url.scheme != "http" && url.scheme != "https") return bad("the scheme is not http or https");
-  auto rest = text.substr(colon + 3);
-  auto auth_end = rest.find_first_of("/?#");
-  auto authority = rest.substr(0, auth_end);
-  auto target = auth_end == std::string_view::npos ? std::string_view{} : rest.substr(auth_end);
-  target = target.substr(0, target.find('#'));
-  if (authority.find('@') != std::string_view::npos) return bad("user information in URLs is not supported");
-  std::string_view port_text;
-  if (!authority.empty() && authority.front() == '[') {
-    auto close = authority.find(']');
-    if (close == std::string_view::npos) return bad("unclosed '[' in the host");
-    url.host = std::string(authority.substr(1, close - 1));
-    auto after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':') return bad("junk after the host");
-      port_text = after.substr(1);
-    }
-  } else {
-    auto pc = authority.rfind(':');
-    url.host = std::string(authority.substr(0, pc));
-    if (pc != std::string_view::npos) port_text = authority.substr(pc + 1);
+namespace {
+
+// `text` with the printable bytes RFC 3986 leaves out of URLs percent-encoded, as browsers do
+// before they send them: '"', '<', '>', '\', '^', '`', '{', '|', '}', bytes from 0x80, and '[' and
+// ']' after the host (a server decodes them to the same bytes). Spaces and control characters
+// stay, for the parser to refuse.
+std::string encode_lenient(std::string_view text) {
+  std::size_t path_start = 0;  // the host's brackets ("[::1]") are left alone
+  if (auto slashes = text.find("//"); slashes != std::string_view::npos && slashes == text.find_first_of("/?#"))
+    path_start = std::min(text.find_first_of("/?#", slashes + 2), text.size());
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    auto c = static_cast<unsigned char>(text[i]);
+    bool bracket = (c == '[' || c == ']') && i >= path_start;
+    if (c >= 0x80 || bracket || std::string_view("\"<>\\^`{|}").find(static_cast<char>(c)) != std::string_view::npos)
+      out += fmt::format("%{:02X}", c);
+    else
+      out += static_cast<char>(c);
   }
-  url.host = to_lower(url.host);
+  return out;
+}
+
+// The connection's parts of a URL Boost.URL parsed or resolved; `shown` is the text an error
+// names (without its query).
+Result<Url> from_parsed(const boost::urls::url_view_base& u, std::string_view shown) {
+  auto bad = [&](std::string_view why) {
+    return make_error(Errc::bad_request, fmt::format("bad URL '{}': {}", without_query(shown), why));
+  };
+  if (!u.has_scheme() || !u.has_authority()) return bad("it is not absolute (scheme://host/...)");
+  Url url;
+  url.scheme = to_lower(u.scheme());
+  if (url.scheme != "http" && url.scheme != "https") return bad("the scheme is not http or https");
+  if (u.has_userinfo()) return bad("user information in URLs is not supported");
+  if (u.host_type() == boost::urls::host_type::ipvfuture) return bad("the host is not a name or address");
+  url.host = to_lower(u.host_address());
   if (url.host.empty()) return bad("the host is empty");
   url.port = default_port(url.scheme);
-  if (!port_text.empty()) {
+  if (std::string_view port_text = u.port(); !port_text.empty()) {
     unsigned port = 0;
     auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
     if (ec != std::errc() || p != port_text.data() + port_text.size() || port == 0 || port > 65535)
       return bad("the port is not a number from 1 to 65535");
     url.port = static_cast<std::uint16_t>(port);
   }
-  if (target.empty()) url.target = "/";
-  else if (target.front() == '?') url.target = "/" + std::string(target);
-  else url.target = std::string(target);
+  // After an authority the path is empty or begins with '/'; Boost.URL 1.81 accepts
+  // "http://h:8x/" as port "8" and path "x/".
+  std::string_view path = u.encoded_path();
+  if (!path.empty() && path.front() != '/') return bad("junk after the host or port");
+  url.target = path.empty() ? std::string("/") : std::string(path);
+  if (u.has_query()) url.target += "?" + std::string(u.encoded_query());
   return url;
+}
+
+}  // namespace
+
+Result<Url> Url::parse(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return make_error(Errc::bad_request, fmt::format("bad URL '{}': {}", without_query(text), why));
+  };
+  for (unsigned char c : text)
+    if (c <= 0x20 || c == 0x7f) return bad("it contains a space or control character");
+  if (text.find("://") == std::string_view::npos) return bad("it is not absolute (scheme://host/...)");
+  std::string encoded = encode_lenient(text);
+  auto parsed = boost::urls::parse_uri(encoded);
+  if (!parsed) return bad("it is not a URL as RFC 3986 writes them");
+  return from_parsed(*parsed, text);
 }
 
 std::string Url::origin() const { return fmt::format("{}://{}:{}", scheme, host_for_url(host), port); }
@@ -179,30 +172,26 @@ std::string Url::str() const {
 std::string Url::redacted() const { return origin() + without_query(target); }
 
 Result<Url> Url::resolve(std::string_view location) const {
-  if (location.find("://") != std::string_view::npos &&
-      location.find("://") < location.find_first_of("/?#"))
-    return parse(location);
-  if (location.substr(0, 2) == "//") return parse(scheme + ":" + std::string(location));
-  for (unsigned char c : location)
-    if (c <= 0x20 || c == 0x7f)
-      return make_error(Errc::bad_request, fmt::format("bad redirect location '{}' from {}",
-                                                       without_query(location), redacted()));
-  Url out = *this;
-  location = location.substr(0, location.find('#'));
-  std::string_view base_path = std::string_view(target).substr(0, target.find('?'));
-  if (location.empty()) {
-    out.target = target;
-  } else if (location.front() == '?') {
-    out.target = std::string(base_path) + std::string(location);
-  } else {
-    auto q = location.find('?');
-    auto path = location.substr(0, q);
-    auto query = q == std::string_view::npos ? std::string_view{} : location.substr(q);
-    std::string merged;
-    if (path.front() == '/') merged = std::string(path);
-    else merged = std::string(base_path.substr(0, base_path.rfind('/') + 1)) + std::string(path);
-    out.target = remove_dot_segments(merged) + std::string(query);
-  }
+  auto bad = [&] {
+    return make_error(Errc::bad_request, fmt::format("bad redirect location '{}' from {}",
+                                                     without_query(location), redacted()));
+  };
+  std::string base_text = str();
+  std::string encoded = encode_lenient(location);
+  auto ref = boost::urls::parse_uri_reference(encoded);
+  auto base = boost::urls::parse_uri(base_text);
+  if (!ref || !base) return bad();
+  boost::urls::url resolved;
+  if (!boost::urls::resolve(*base, *ref, resolved)) return bad();
+  auto out = from_parsed(resolved, resolved.buffer());
+  if (!out) return out;
+  // Boost.URL 1.81 keeps the ".." segments that climb above the root ("/a/../../b" becomes
+  // "/../b"); RFC 3986 section 5.2.4 drops them.
+  std::string_view target = out->target;
+  while (target.starts_with("/..") && (target.size() == 3 || target[3] == '/' || target[3] == '?'))
+    target.remove_prefix(3);
+  if (target.empty() || target.front() == '?') out->target = "/" + std::string(target);
+  else out->target = std::string(target);
   return out;
 }
 
@@ -223,29 +212,6 @@ namespace {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-std::optional<std::string> percent_decode(std::string_view in) {
-  std::string out;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '%') {
-      out += in[i];
-      continue;
-    }
-    if (i + 2 >= in.size()) return std::nullopt;
-    unsigned v = 0;
-    auto [p, ec] = std::from_chars(in.data() + i + 1, in.data() + i + 3, v, 16);
-    if (ec != std::errc() || p != in.data() + i + 3) return std::nullopt;
-    out += static_cast<char>(v);
-    i += 2;
-  }
-  return out;
 }
 
 // Splits "host[:port]" or "[v6][:port]"; an unbracketed text with several colons is an IPv6
@@ -350,7 +316,7 @@ ProxyConfig ProxyConfig::from_environment() {
 }
 
 Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_view setting) {
-  text = trim(text);
+  text = util::trim(text);
   std::string scheme = "http";
   std::string_view rest = text;
   if (auto sep = text.find("://"); sep != std::string_view::npos) {
@@ -374,8 +340,8 @@ Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_vi
   if (at != std::string_view::npos) {
     auto userinfo = rest.substr(0, at);
     auto colon = userinfo.find(':');
-    auto user = percent_decode(userinfo.substr(0, colon));
-    auto pass = percent_decode(colon == std::string_view::npos ? std::string_view{} : userinfo.substr(colon + 1));
+    auto user = util::percent_decode(userinfo.substr(0, colon));
+    auto pass = util::percent_decode(colon == std::string_view::npos ? std::string_view{} : userinfo.substr(colon + 1));
     if (!user || !pass) return bad("bad percent-encoding in the user name or password");
     p.username = std::move(*user);
     p.password = std::move(*pass);
@@ -408,7 +374,7 @@ bool bypasses_proxy(std::string_view no_proxy, const Url& url) {
   std::size_t pos = 0;
   while (pos <= no_proxy.size()) {
     auto end = no_proxy.find_first_of(", \t", pos);
-    auto entry = trim(no_proxy.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos));
+    auto entry = util::trim(no_proxy.substr(pos, end == std::string_view::npos ? std::string_view::npos : end - pos));
     if (entry == "*") return true;
     if (!entry.empty() && no_proxy_entry_matches(entry, host, url.port)) return true;
     if (end == std::string_view::npos) break;
@@ -420,7 +386,7 @@ bool bypasses_proxy(std::string_view no_proxy, const Url& url) {
 Result<std::optional<ProxyEndpoint>> select_proxy(const ProxyConfig& config, const Url& url) {
   bool https = url.scheme == "https";
   const std::string& text = https ? config.https_proxy : config.http_proxy;
-  if (trim(text).empty() || bypasses_proxy(config.no_proxy, url)) return std::optional<ProxyEndpoint>();
+  if (util::trim(text).empty() || bypasses_proxy(config.no_proxy, url)) return std::optional<ProxyEndpoint>();
   auto p = ProxyEndpoint::parse(text, https ? "https_proxy" : "http_proxy");
   if (!p) return p.error();
   return std::optional<ProxyEndpoint>(std::move(*p));
@@ -545,7 +511,7 @@ std::optional<CivilTime> parse_http_date(std::string_view text, std::int64_t now
 
 std::optional<std::chrono::seconds> parse_retry_after(std::string_view value,
                                                       std::chrono::system_clock::time_point now) {
-  value = trim(value);
+  value = util::trim(value);
   if (value.empty()) return std::nullopt;
   if (std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     std::int64_t seconds = 0;
@@ -628,6 +594,120 @@ ResponseHead make_head(const bhttp::response_parser<bhttp::buffer_body>& p, cons
   return head;
 }
 
+// The error for a body that ended early or failed after `delivered` bytes.
+Error body_error(const error_code& ec, const HopContext& ctx, const ResponseHead& head, std::uint64_t delivered) {
+  if (ec == bhttp::error::partial_message || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+      ec == asio::ssl::error::stream_truncated || ec == asio::error::connection_reset)
+    return make_error(Errc::network_error,
+                      fmt::format("reading the body of {}: cut short after {} bytes{} ({})", ctx.url.redacted(),
+                                  delivered, head.content_length ? fmt::format(" of {}", *head.content_length) : "",
+                                  ec.message()));
+  return socket_error(ec, "reading the body of", ctx.url);
+}
+
+// Reads up to the final (non-1xx) response header into `parser_slot`; interim answers
+// (100 Continue) are skipped.
+template <class Stream>
+awaitable<Result<void>> read_final_header(Stream& stream, beast::tcp_stream& lowest, beast::flat_buffer& buffer,
+                                          std::optional<bhttp::response_parser<bhttp::buffer_body>>& parser_slot,
+                                          bhttp::verb method, const HopContext& ctx) {
+  for (;;) {
+    parser_slot.emplace();
+    parser_slot->header_limit(kHeaderLimit);
+    parser_slot->body_limit(boost::none);  // limits belong to the sink (request() enforces max_body)
+    if (method == bhttp::verb::head) parser_slot->skip(true);
+    lowest.expires_after(ctx.read_timeout);
+    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser_slot, kTuple);
+    (void)n;
+    if (ec) co_return socket_error(ec, "reading the answer of", ctx.url);
+    if (parser_slot->get().result_int() >= 200) co_return Result<void>{};
+  }
+}
+
+// A Content-Length body (a download), read straight from the stream into the sink's memory
+// (BodySink::buffer) or a block, bypassing the parser's copy: on a fast link the copies cost
+// more CPU than hashing the bytes. Each read is handed over as it arrives.
+template <class Stream>
+awaitable<Result<void>> read_sized_body(Stream& stream, beast::tcp_stream& lowest, beast::flat_buffer& buffer,
+                                        const HopContext& ctx, const ResponseHead& head) {
+  std::vector<char> block;
+  std::uint64_t delivered = 0;
+  std::uint64_t remaining = *head.content_length;
+  while (remaining > 0) {
+    std::span<char> dst;
+    if (ctx.sink.buffer) {
+      dst = ctx.sink.buffer();
+    } else {
+      block.resize(kBlockSize);
+      dst = std::span<char>(block.data(), block.size());
+    }
+    if (dst.empty()) co_return make_error(Errc::internal, "the body sink offered no buffer");
+    dst = dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(dst.size(), remaining)));
+    std::size_t n = 0;
+    error_code ec;
+    if (buffer.size() > 0) {
+      // Body bytes the header read already pulled in.
+      n = asio::buffer_copy(asio::buffer(dst.data(), dst.size()), buffer.data());
+      buffer.consume(n);
+    } else {
+      lowest.expires_after(ctx.read_timeout);
+      auto [rec, rn] = co_await stream.async_read_some(asio::buffer(dst.data(), dst.size()), kTuple);
+      ec = rec;
+      n = rn;
+    }
+    if (n > 0) {
+      remaining -= n;
+      delivered += n;
+      if (ctx.sink.on_data)
+        if (auto r = co_await ctx.sink.on_data(std::span<const char>(dst.data(), n)); !r) co_return r.error();
+    }
+    if (ec) co_return body_error(ec, ctx, head, delivered);
+  }
+  co_return Result<void>{};
+}
+
+// A chunked or close-delimited body, read through the parser into blocks handed to the sink.
+template <class Stream>
+awaitable<Result<void>> read_streamed_body(Stream& stream, beast::tcp_stream& lowest, beast::flat_buffer& buffer,
+                                           bhttp::response_parser<bhttp::buffer_body>& parser,
+                                           const HopContext& ctx, const ResponseHead& head) {
+  std::vector<char> block(kBlockSize);
+  std::uint64_t delivered = 0;
+  std::size_t filled = 0;
+  auto deliver = [&]() -> awaitable<Result<void>> {
+    if (filled == 0) co_return Result<void>{};
+    auto data = std::span<const char>(block.data(), filled);
+    delivered += filled;
+    filled = 0;
+    if (ctx.sink.on_data) co_return co_await ctx.sink.on_data(data);
+    co_return Result<void>{};
+  };
+  while (!parser.is_done()) {
+    parser.get().body().data = block.data() + filled;
+    parser.get().body().size = block.size() - filled;
+    lowest.expires_after(ctx.read_timeout);
+    auto [ec, n] = co_await bhttp::async_read_some(stream, buffer, parser, kTuple);
+    (void)n;
+    if (ec == bhttp::error::need_buffer) ec = {};
+    filled = block.size() - parser.get().body().size;
+    if (ec) {
+      // Hand over what arrived so the caller can resume from there, then report the cut.
+      if (auto r = co_await deliver(); !r) co_return r.error();
+      co_return body_error(ec, ctx, head, delivered);
+    }
+    // Hand a block over when it is full, when the body is complete, or when nothing more is
+    // waiting on the socket (an event stream must not be held back until 1 MiB has arrived).
+    // Bytes left in `buffer` do not count: with chunked encoding the CRLF closing each chunk
+    // stays there until the next chunk arrives, so waiting for an empty buffer would hold
+    // every token of a stream until its end. The sink accepts any split.
+    error_code aec;
+    bool idle = lowest.socket().available(aec) == 0;
+    if (filled == block.size() || parser.is_done() || (filled > 0 && idle))
+      if (auto r = co_await deliver(); !r) co_return r.error();
+  }
+  co_return co_await deliver();
+}
+
 template <class Stream>
 awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
                                 bhttp::request<bhttp::string_body>& req, HopContext ctx) {
@@ -641,18 +721,8 @@ awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
   // never grows the buffer: without this, a download runs on ~1 KiB reads (10x the CPU).
   buffer.reserve(kReadBufferSize);
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser_slot;
-  for (;;) {
-    parser_slot.emplace();
-    parser_slot->header_limit(kHeaderLimit);
-    parser_slot->body_limit(boost::none);  // limits belong to the sink (request() enforces max_body)
-    if (req.method() == bhttp::verb::head) parser_slot->skip(true);
-    lowest.expires_after(ctx.read_timeout);
-    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser_slot, kTuple);
-    (void)n;
-    if (ec) co_return socket_error(ec, "reading the answer of", ctx.url);
-    // Interim 1xx answers (100 Continue) come before the real one.
-    if (parser_slot->get().result_int() >= 200) break;
-  }
+  if (auto r = co_await read_final_header(stream, lowest, buffer, parser_slot, req.method(), ctx); !r)
+    co_return r.error();
   auto& parser = *parser_slot;
 
   unsigned status = parser.get().result_int();
@@ -673,90 +743,12 @@ awaitable<Result<Hop>> exchange(Stream& stream, beast::tcp_stream& lowest,
   head.redirects = ctx.redirects;
   if (ctx.sink.on_head)
     if (auto r = ctx.sink.on_head(head); !r) co_return r.error();
-
-  std::vector<char> block;
-  std::uint64_t delivered = 0;
-  auto cut_short = [&](const error_code& ec) -> Error {
-    if (ec == bhttp::error::partial_message || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::ssl::error::stream_truncated || ec == asio::error::connection_reset)
-      return make_error(Errc::network_error,
-                        fmt::format("reading the body of {}: cut short after {} bytes{} ({})", ctx.url.redacted(),
-                                    delivered, head.content_length ? fmt::format(" of {}", *head.content_length) : "",
-                                    ec.message()));
-    return socket_error(ec, "reading the body of", ctx.url);
-  };
-
-  if (head.content_length && req.method() != bhttp::verb::head) {
-    // A Content-Length body (a download) is read straight from the stream into the sink's
-    // memory (BodySink::buffer) or a block, bypassing the parser's copy: on a fast link the
-    // copies cost more CPU than hashing the bytes. Each read is handed over as it arrives.
-    std::uint64_t remaining = *head.content_length;
-    while (remaining > 0) {
-      std::span<char> dst;
-      if (ctx.sink.buffer) {
-        dst = ctx.sink.buffer();
-      } else {
-        block.resize(kBlockSize);
-        dst = std::span<char>(block.data(), block.size());
-      }
-      if (dst.empty()) co_return make_error(Errc::internal, "the body sink offered no buffer");
-      dst = dst.first(static_cast<std::size_t>(std::min<std::uint64_t>(dst.size(), remaining)));
-      std::size_t n = 0;
-      error_code ec;
-      if (buffer.size() > 0) {
-        // Body bytes the header read already pulled in.
-        n = asio::buffer_copy(asio::buffer(dst.data(), dst.size()), buffer.data());
-        buffer.consume(n);
-      } else {
-        lowest.expires_after(ctx.read_timeout);
-        auto [rec, rn] = co_await stream.async_read_some(asio::buffer(dst.data(), dst.size()), kTuple);
-        ec = rec;
-        n = rn;
-      }
-      if (n > 0) {
-        remaining -= n;
-        delivered += n;
-        if (ctx.sink.on_data)
-          if (auto r = co_await ctx.sink.on_data(std::span<const char>(dst.data(), n)); !r) co_return r.error();
-      }
-      if (ec) co_return cut_short(ec);
-    }
-  } else {
-    block.resize(kBlockSize);
-    std::size_t filled = 0;
-    auto deliver = [&]() -> awaitable<Result<void>> {
-      if (filled == 0) co_return Result<void>{};
-      auto data = std::span<const char>(block.data(), filled);
-      delivered += filled;
-      filled = 0;
-      if (ctx.sink.on_data) co_return co_await ctx.sink.on_data(data);
-      co_return Result<void>{};
-    };
-    while (!parser.is_done()) {
-      parser.get().body().data = block.data() + filled;
-      parser.get().body().size = block.size() - filled;
-      lowest.expires_after(ctx.read_timeout);
-      auto [ec, n] = co_await bhttp::async_read_some(stream, buffer, parser, kTuple);
-      (void)n;
-      if (ec == bhttp::error::need_buffer) ec = {};
-      filled = block.size() - parser.get().body().size;
-      if (ec) {
-        // Hand over what arrived so the caller can resume from there, then report the cut.
-        if (auto r = co_await deliver(); !r) co_return r.error();
-        co_return cut_short(ec);
-      }
-      // Hand a block over when it is full, when the body is complete, or when nothing more is
-      // waiting on the socket (an event stream must not be held back until 1 MiB has arrived).
-      // Bytes left in `buffer` do not count: with chunked encoding the CRLF closing each chunk
-      // stays there until the next chunk arrives, so waiting for an empty buffer would hold
-      // every token of a stream until its end. The sink accepts any split.
-      error_code aec;
-      bool idle = lowest.socket().available(aec) == 0;
-      if (filled == block.size() || parser.is_done() || (filled > 0 && idle))
-        if (auto r = co_await deliver(); !r) co_return r.error();
-    }
-    if (auto r = co_await deliver(); !r) co_return r.error();
-  }
+  Result<void> body;
+  if (head.content_length && req.method() != bhttp::verb::head)
+    body = co_await read_sized_body(stream, lowest, buffer, ctx, head);
+  else
+    body = co_await read_streamed_body(stream, lowest, buffer, parser, ctx, head);
+  if (!body) co_return body.error();
   Hop hop;
   hop.final_head = std::move(head);
   co_return hop;

@@ -32,8 +32,10 @@ struct Url {
   std::uint16_t port = 0;
   std::string target = "/";  ///< path and query, already percent-encoded
 
-  /// Parses "scheme://host[:port]/target"; returns bad_request naming the text on bad syntax
-  /// or an unsupported scheme.
+  /// Parses "scheme://host[:port]/target" with Boost.URL (bytes RFC 3986 leaves out, such as
+  /// '|' or non-ASCII, percent-encoded first, as browsers do); returns bad_request naming the
+  /// text without its query on bad syntax (a bad %-escape included), user information or an
+  /// unsupported scheme.
   static Result<Url> parse(std::string_view text);
 
   /// "scheme://host:port", the origin that the token policy compares.
@@ -42,8 +44,9 @@ struct Url {
   /// The URL as text (the default port left out).
   std::string str() const;
 
-  /// Resolves a Location header against this URL: absolute URLs as they are, "//host/path" with
-  /// this scheme, "/path" on this origin, "path" and "?query" relative to this URL (RFC 3986);
+  /// Resolves a Location header against this URL as RFC 3986 section 5 does (Boost.URL):
+  /// absolute URLs as they are, "//host/path" with this scheme, "/path" on this origin, "path"
+  /// and "?query" relative to this URL, dot segments removed, the fragment dropped;
   /// bad_request on bad syntax.
   Result<Url> resolve(std::string_view location) const;
 

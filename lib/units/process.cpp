@@ -26,6 +26,8 @@
 
 #include "sys/log.hpp"
 #include "util/files.hpp"
+#include "util/quantities.hpp"
+#include "util/text.hpp"
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -68,11 +70,7 @@ constexpr auto kInfinity = std::chrono::milliseconds::max();
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
+using util::trim;
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -776,7 +774,7 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   static std::string describe(std::chrono::milliseconds d) {
-    return d.count() % 1000 ? fmt::format("{} ms", d.count()) : fmt::format("{} s", d.count() / 1000);
+    return util::format_seconds(d);
   }
 
   Result<void> watch(const std::string& name, Unit& u) {

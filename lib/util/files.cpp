@@ -1,4 +1,5 @@
 #include "util/files.hpp"
+#include "util/text.hpp"
 
 #include <fmt/format.h>
 
@@ -103,8 +104,7 @@ Result<std::string> read_secret_file(const std::filesystem::path& path) {
   if (!text) return text.error();
   std::string s = std::move(*text);
   if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
-  while (!s.empty() && (s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) s.pop_back();
-  return s;
+  return std::string(trim(s));
 }
 
 }  // namespace modeld::util

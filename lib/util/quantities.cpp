@@ -120,4 +120,10 @@ std::string format_duration(std::chrono::seconds d) {
   return fmt::format("{} h {} min", s / 3600, (s % 3600) / 60);
 }
 
+std::string format_seconds(std::chrono::milliseconds d) {
+  return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0);
+}
+
+std::string format_milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
+
 }  // namespace modeld::util

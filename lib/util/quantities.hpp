@@ -48,4 +48,10 @@ std::string format_rate(double bytes_per_s);
 /// Formats a duration for humans: "4 min", "36 s", "2 h 5 min".
 std::string format_duration(std::chrono::seconds d);
 
+/// Formats a duration in seconds with one decimal, for short waits and measurements: "2.5 s".
+std::string format_seconds(std::chrono::milliseconds d);
+
+/// Formats a duration as its exact milliseconds, as a setting holds it: "30000 ms".
+std::string format_milliseconds(std::chrono::milliseconds d);
+
 }  // namespace modeld::util

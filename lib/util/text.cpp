@@ -1,5 +1,6 @@
 #include "util/text.hpp"
 
+#include <boost/url/pct_string_view.hpp>
 #include <fmt/format.h>
 
 #include <cctype>
@@ -88,6 +89,12 @@ std::string url_encode_path(std::string_view path) {
     start = slash + 1;
   }
   return out;
+}
+
+std::optional<std::string> percent_decode(std::string_view text) {
+  auto escaped = boost::urls::make_pct_string_view(text);
+  if (!escaped) return std::nullopt;
+  return escaped->decode();
 }
 
 bool valid_model_name(std::string_view name) {

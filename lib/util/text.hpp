@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,6 +43,10 @@ std::string url_encode_segment(std::string_view segment);
 
 /// Percent-encodes a path, keeping '/' separators ("a b/c" -> "a%20b/c").
 std::string url_encode_path(std::string_view path);
+
+/// Decodes the %XX escapes of `text` (Boost.URL; '+' stays '+'); nullopt when a '%' is not
+/// followed by two hex digits.
+std::optional<std::string> percent_decode(std::string_view text);
 
 /// Whether `name` is a valid model name: [a-z0-9][a-z0-9._-]{0,63} (interface.md).
 bool valid_model_name(std::string_view name);

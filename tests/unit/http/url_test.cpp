@@ -75,3 +75,38 @@ TEST_CASE("header names compare case-insensitively and the first value wins") {
   CHECK(h.get("x-LINKED-etag") == std::optional<std::string>("\"abc\""));
   CHECK_FALSE(h.get("ETag"));
 }
+
+TEST_CASE("Boost.URL's resolution: dot segments above the root are dropped, escapes and fragments") {
+  auto base = Url::parse("http://hub.example/a/b/c").value();
+  CHECK(base.resolve("../../../../x").value().target == "/x");
+  CHECK(base.resolve("/..").value().target == "/");
+  CHECK(base.resolve("/%2e%2e/x").value().target == "/x");
+  CHECK(base.resolve("d/%2E/e").value().target == "/a/b/d/e");
+  CHECK(base.resolve("x%20y?q=%41#frag").value().target == "/a/b/x%20y?q=%41");
+  CHECK(base.resolve("").value().target == "/a/b/c");
+  CHECK(base.resolve("https://cdn.example:8443/z").value().origin() == "https://cdn.example:8443");
+  for (const char* bad : {"/a%zz", "/a%4", "http://h:8x/", "ftp://cdn/x", "//user@cdn/x", "/a\nb"}) {
+    INFO(bad);
+    auto r = base.resolve(bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == Errc::bad_request);
+  }
+}
+
+TEST_CASE("a URL keeps its escapes and refuses bad ones") {
+  CHECK(Url::parse("http://h/a%2Fb%20c?x=%41").value().target == "/a%2Fb%20c?x=%41");
+  CHECK(Url::parse("http://h/a/../b").value().target == "/a/../b");  // parsing does not resolve
+  for (const char* text : {"http://h/a%zz", "http://h/a%", "http://h:80:80/"}) {
+    INFO(text);
+    CHECK_FALSE(Url::parse(text));
+  }
+}
+
+TEST_CASE("bytes RFC 3986 leaves out of URLs are percent-encoded, as browsers send them") {
+  CHECK(Url::parse("http://h/a|b/[c]?q={\"x\"}").value().target == "/a%7Cb/%5Bc%5D?q=%7B%22x%22%7D");
+  CHECK(Url::parse("http://[::1]:8/\xc3\xa9").value().target == "/%C3%A9");
+  auto base = Url::parse("http://[::1]:8/dir/f").value();
+  CHECK(base.resolve("x^y`z").value().str() == "http://[::1]:8/dir/x%5Ey%60z");
+  CHECK(base.resolve("//cdn/a<b>").value().str() == "http://cdn/a%3Cb%3E");
+  CHECK_FALSE(base.resolve("a b"));
+}

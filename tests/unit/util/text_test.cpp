@@ -63,3 +63,12 @@ TEST_CASE("control characters are escaped as JSON writes them, everything else i
   CHECK(escape_control("\x9b\xff\xc2") == "\x9b\xff\xc2");
   CHECK(escape_control("back\\slash") == "back\\slash");
 }
+
+TEST_CASE("percent-decoding decodes escapes, keeps '+' and refuses a bad escape") {
+  CHECK(modeld::util::percent_decode("a%20b+c%2Fd%41") == std::optional<std::string>("a b+c/dA"));
+  CHECK(modeld::util::percent_decode("") == std::optional<std::string>(""));
+  for (const char* bad : {"%", "a%4", "%zz", "%4g"}) {
+    INFO(bad);
+    CHECK_FALSE(modeld::util::percent_decode(bad));
+  }
+}
