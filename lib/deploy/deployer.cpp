@@ -4,6 +4,7 @@
 #include "fetch/fetch.hpp"
 #include "store/store.hpp"
 #include "sys/notify.hpp"
+#include "sys/task.hpp"
 #include "units/service_manager.hpp"
 #include "util/memory.hpp"
 #include "util/on_pool.hpp"
@@ -260,7 +261,7 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
     co_await watcher_->stop();
     if (rewatch && !running_ && !shutting_down_ && state_.active && state_.active->model == active)
       watch_active(false);
-  }, asio::detached);
+  }, sys::log_failure("reload: rewriting the drop-in of " + units::serve_unit(active), f));
 }
 
 bool Deployer::owns_service(const Deployment& d, Phase p) {
@@ -349,14 +350,7 @@ void Deployer::begin(Deployment d, Phase first) {
   r->run->changed = [this, raw] { persist(raw->record); };
   r->run->on_progress = [this, raw](const fetch::Progress& p) { on_progress(*raw, p); };
   running_ = r;
-  asio::co_spawn(io_, drive(r, first), [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      sys::logf(sys::Level::error, "deployment coroutine ended with an exception: {}", ex.what());
-    }
-  });
+  asio::co_spawn(io_, drive(r, first), sys::log_failure("deployment coroutine"));
 }
 
 asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {

@@ -1,6 +1,7 @@
 #include "deploy/model_watcher.hpp"
 
 #include "health/health.hpp"
+#include "sys/task.hpp"
 #include "units/service_manager.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
@@ -114,17 +115,9 @@ void ModelWatcher::start(const std::string& model, bool wait_ready_first) {
   run_ = run;
   record(model).state = wait_ready_first ? "restarting" : "watching";
   asio::co_spawn(io_, watch(model, wait_ready_first, run),
-                 asio::bind_cancellation_slot(run->signal.slot(), [this, run](std::exception_ptr e) {
-                   if (e) {
-                     try {
-                       std::rethrow_exception(e);
-                     } catch (const boost::system::system_error& ex) {
-                       if (ex.code() != asio::error::operation_aborted)
-                         sys::logf(sys::Level::error, "watchdog ended with an error: {}", ex.what());
-                     } catch (const std::exception& ex) {
-                       sys::logf(sys::Level::error, "watchdog ended with an exception: {}", ex.what());
-                     }
-                   }
+                 asio::bind_cancellation_slot(run->signal.slot(), [this, run, log = sys::log_failure("watchdog")](
+                                                                      std::exception_ptr e) {
+                   log(e);
                    if (run != run_) return;  // a ModelWatcher being destroyed dropped it
                    running_ = false;
                    record(current_).state = "stopped";
