@@ -143,6 +143,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   util::LogThrottle refusals{std::chrono::seconds(10)};  // one journal line per 10 s at most
 
   asio::awaitable<void> accept_loop();
+  void stop();  // Server::stop(), also reached from the daemon's cancellation tree
   void accepted(local::socket socket);  // for detail::accept_each: checks the peer and starts a session
   // Why a new connection of `peer` is over the limits (Limits), or nullopt when it may stay.
   std::optional<std::string> over_limit(const Peer& peer) const;
@@ -233,19 +234,21 @@ Result<void> Server::adopt(int fd) {
   return {};
 }
 
-void Server::start() {
+void Server::start(asio::cancellation_slot stop_on) {
+  detail::stop_on(stop_on, impl_);
   impl_->spawn(impl_->accept_loop(), "accepting control connections");
 }
 
-void Server::stop() {
-  auto& impl = *impl_;
-  if (impl.stopped) return;
-  impl.stopped = true;
+void Server::stop() { impl_->stop(); }
+
+void Server::Impl::stop() {
+  if (stopped) return;
+  stopped = true;
   boost::system::error_code ec;
-  impl.acceptor.close(ec);
+  acceptor.close(ec);
   // Copy first: closing wakes sessions, which remove themselves from the table.
   std::vector<std::shared_ptr<Conn>> open;
-  for (auto& [id, weak] : impl.conns)
+  for (auto& [id, weak] : conns)
     if (auto c = weak.lock()) open.push_back(std::move(c));
   for (auto& c : open) c->close();
 }

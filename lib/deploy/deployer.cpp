@@ -292,6 +292,10 @@ void Deployer::shutdown(std::function<void()> done) {
   running_->cancel.emit(asio::cancellation_type::terminal);
 }
 
+void Deployer::shutdown_on(asio::cancellation_slot slot, std::function<void()> done) {
+  slot.assign([this, done = std::move(done)](asio::cancellation_type) { shutdown(done); });
+}
+
 std::string Deployer::new_id(const std::string& model, std::chrono::system_clock::time_point now) const {
   std::string base = fmt::format("{}-{}", util::compact_utc_stamp(now), model);
   std::string id = base;
