@@ -69,7 +69,8 @@ Result<void> Daemon::start() {
   if (auto r = open_models(); !r) return r;
   if (auto r = open_control(); !r) return r;
   open_metrics_listener();
-  // The deployer hangs off the tree last: its stop may end the loop at once (nothing running).
+  // Last, so that the sockets are closed before the Deployer's stop, which ends the loop at
+  // once when nothing runs.
   deployer_->shutdown_on(stop_tree_.child(), [this] { finish(); });
 
   const auto& cfg = *config_;
