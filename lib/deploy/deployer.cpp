@@ -279,9 +279,12 @@ void Deployer::shutdown(std::function<void()> done) {
   if (watcher_->running()) {
     // The watchdog may be in the middle of a restart: it ends first (cancelled, awaited).
     watcher_->cancel();
-    asio::co_spawn(io_, watcher_->stop(), [this, done = std::move(done)](std::exception_ptr) mutable {
-      shutdown(std::move(done));
-    });
+    asio::co_spawn(io_, watcher_->stop(),
+                   [this, done = std::move(done), log = sys::log_failure("stopping the watchdog")](
+                       std::exception_ptr e) mutable {
+                     log(e);
+                     shutdown(std::move(done));
+                   });
     return;
   }
   if (!running_) {
