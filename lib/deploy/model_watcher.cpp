@@ -41,10 +41,6 @@ milliseconds watchdog_backoff(unsigned streak, milliseconds base, milliseconds c
 
 namespace {
 
-bool alive(const std::string& active_state) {
-  return active_state == "active" || active_state == "activating" || active_state == "reloading";
-}
-
 // Why a unit that is not active counts as down, from what systemd says about its last run.
 std::string describe_down(const std::string& unit, const units::UnitStatus& st) {
   std::string how;
@@ -54,7 +50,7 @@ std::string describe_down(const std::string& unit, const units::UnitStatus& st) 
     how = fmt::format("its main process exited with status {} on its own", st.exec_main_status);
   else
     how = fmt::format("its main process exited with status {}", st.exec_main_status);
-  return fmt::format("{} left the active state: it is {} ({}), result {}, {}", unit, st.active_state,
+  return fmt::format("{} left the active state: it is {} ({}), result {}, {}", unit, units::to_string(st.active_state),
                      st.sub_state.empty() ? std::string("?") : st.sub_state,
                      st.result.empty() ? std::string("unknown") : st.result, how);
 }
@@ -227,11 +223,11 @@ asio::awaitable<bool> ModelWatcher::check(Watched& w) {
     sys::logf(sys::Level::warning, w.f, "watchdog: cannot query {}: {}", w.unit, st.error().message);
     co_return true;
   }
-  if (!alive(st->active_state)) {
+  if (!units::is_up(st->active_state)) {
     w.pending = describe_down(w.unit, *st);
     co_return true;
   }
-  if (st->active_state != "active") co_return true;  // starting or reloading: on its way
+  if (st->active_state != units::ActiveState::active) co_return true;  // starting or reloading: on its way
   auto& rec = w.rec;
   const auto t0 = Clock::now();
   auto r = co_await probe(w.m);
@@ -274,8 +270,8 @@ asio::awaitable<ModelWatcher::Due> ModelWatcher::confirm_restart(Watched& w) {
   }
   auto st = co_await services_.units.status(w.unit);
   if (w.run.stop) co_return Due::end;
-  const bool up = st && alive(st->active_state);
-  if (delay.count() > 0 && up && st->active_state == "active") {
+  const bool up = st && units::is_up(st->active_state);
+  if (delay.count() > 0 && up && st->active_state == units::ActiveState::active) {
     // Something (an operator, say) brought it back during the backoff: probe before restarting.
     auto r = co_await probe(w.m);
     if (w.run.stop) co_return Due::end;
@@ -326,10 +322,7 @@ asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
       sys::logf(sys::Level::error, w.f, "watchdog: {}", r.error().message);
     if (w.run.stop) co_return false;
   }
-  auto reset = co_await services_.units.reset_failed(w.unit);  // best effort: StartUnit reports the real problem
-  (void)reset;
-  if (w.run.stop) co_return false;
-  if (auto s = co_await services_.units.start(w.unit); !s) {
+  if (auto s = co_await units::reset_failed_and_start(services_.units, w.unit); !s) {
     if (w.run.stop) co_return false;
     w.pending = fmt::format("cannot start {}: {}", w.unit, s.error().message);
     sys::logf(sys::Level::error, w.f, "watchdog: {}", *w.pending);
