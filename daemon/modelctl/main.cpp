@@ -326,16 +326,22 @@ int cmd_rm(Context& c, const std::string& name) {
       [](const json&) { return true; });
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"modelctl: the client of modeld, which deploys language models as systemd units"};
-  app.set_version_flag("--version", "modelctl " MODELD_VERSION);
+// The command line: global options, the subcommand given and its arguments.
+struct CommandLine {
   std::string socket;
   bool json_output = false;
-  app.add_option("--socket", socket,
+  CLI::App *status = nullptr, *models = nullptr, *deploy = nullptr, *cancel = nullptr, *plan = nullptr,
+           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr;
+  std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name;
+  bool wait = false, allow_downtime = false, follow = false;
+};
+
+// Declares the options and subcommands of `app`, parsed into `cl`.
+void define_commands(CLI::App& app, CommandLine& cl) {
+  app.set_version_flag("--version", "modelctl " MODELD_VERSION);
+  app.add_option("--socket", cl.socket,
                  "control socket (default: $MODELD_SOCKET, else /run/modeld/modeld.sock)");
-  app.add_flag("--json", json_output, "print the API's JSON as it is");
+  app.add_flag("--json", cl.json_output, "print the API's JSON as it is");
   app.require_subcommand(1);
 
   auto sub = [&](const char* name, const char* what) {
@@ -343,62 +349,65 @@ int main(int argc, char** argv) {
     s->fallthrough();  // global options may also come after the command
     return s;
   };
-  auto* status = sub("status", "show the daemon, the active model and the current deployment");
-  auto* models = sub("models", "list configured models and their on-disk state");
-  auto* deploy = sub("deploy", "start a deployment of a model");
-  std::string deploy_name;
-  bool wait = false, allow_downtime = false;
-  deploy->add_option("NAME", deploy_name, "model to deploy")->required()->check(kModelName);
-  deploy->add_flag("--wait", wait, "follow the deployment to its end");
-  deploy->add_flag("--allow-downtime", allow_downtime,
-                   "stop the active model before freeing disk when it must be evicted");
-  auto* cancel = sub("cancel", "cancel the running deployment");
-  auto* plan = sub("plan", "dry run: what a deployment would fetch and evict");
-  std::string plan_name;
-  plan->add_option("NAME", plan_name, "model")->required()->check(kModelName);
-  plan->add_flag("--allow-downtime", allow_downtime, "plan as deploy --allow-downtime would");
-  auto* verify = sub("verify", "re-hash and re-check a model on disk");
-  std::string verify_name;
-  verify->add_option("NAME", verify_name, "model")->required()->check(kModelName);
-  auto* rm = sub("rm", "delete a model's files");
-  std::string rm_name;
-  rm->add_option("NAME", rm_name, "model")->required()->check(kModelName);
-  auto* watch = sub("watch", "follow the daemon live: active model, deployment phases and progress");
-  std::string watch_name;
-  watch->add_option("NAME", watch_name, "only deployments of this model")->check(kModelName);
-  auto* logs = sub("logs", "show the daemon's journal, or a model service's");
-  bool follow = false;
-  std::string logs_name;
-  logs->add_flag("-f,--follow", follow, "keep following new lines");
-  logs->add_option("NAME", logs_name, "model whose service journal to show")->check(kModelName);
+  cl.status = sub("status", "show the daemon, the active model and the current deployment");
+  cl.models = sub("models", "list configured models and their on-disk state");
+  cl.deploy = sub("deploy", "start a deployment of a model");
+  cl.deploy->add_option("NAME", cl.deploy_name, "model to deploy")->required()->check(kModelName);
+  cl.deploy->add_flag("--wait", cl.wait, "follow the deployment to its end");
+  cl.deploy->add_flag("--allow-downtime", cl.allow_downtime,
+                      "stop the active model before freeing disk when it must be evicted");
+  cl.cancel = sub("cancel", "cancel the running deployment");
+  cl.plan = sub("plan", "dry run: what a deployment would fetch and evict");
+  cl.plan->add_option("NAME", cl.plan_name, "model")->required()->check(kModelName);
+  cl.plan->add_flag("--allow-downtime", cl.allow_downtime, "plan as deploy --allow-downtime would");
+  cl.verify = sub("verify", "re-hash and re-check a model on disk");
+  cl.verify->add_option("NAME", cl.verify_name, "model")->required()->check(kModelName);
+  cl.rm = sub("rm", "delete a model's files");
+  cl.rm->add_option("NAME", cl.rm_name, "model")->required()->check(kModelName);
+  cl.watch = sub("watch", "follow the daemon live: active model, deployment phases and progress");
+  cl.watch->add_option("NAME", cl.watch_name, "only deployments of this model")->check(kModelName);
+  cl.logs = sub("logs", "show the daemon's journal, or a model service's");
+  cl.logs->add_flag("-f,--follow", cl.follow, "keep following new lines");
+  cl.logs->add_option("NAME", cl.logs_name, "model whose service journal to show")->check(kModelName);
+}
 
+// Runs the subcommand `cl` names; its exit code.
+int run_command(CommandLine& cl) {
+  if (cl.logs->parsed()) return cmd_logs(cl.follow, cl.logs_name);
+
+  if (cl.socket.empty()) {
+    const char* env = std::getenv("MODELD_SOCKET");
+    cl.socket = env && *env ? env : "/run/modeld/modeld.sock";
+  }
+  Daemon daemon(cl.socket);
+  Context c{daemon};
+  c.json = cl.json_output;
+  c.tty = ::isatty(STDOUT_FILENO) == 1;
+  const char* no_color = std::getenv("NO_COLOR");
+  c.style.color = c.tty && !(no_color && *no_color);
+
+  if (cl.status->parsed()) return cmd_status(c);
+  if (cl.models->parsed()) return cmd_models(c);
+  if (cl.deploy->parsed()) return cmd_deploy(c, cl.deploy_name, cl.wait, cl.allow_downtime);
+  if (cl.cancel->parsed()) return cmd_cancel(c);
+  if (cl.plan->parsed()) return cmd_plan(c, cl.plan_name, cl.allow_downtime);
+  if (cl.verify->parsed()) return cmd_verify(c, cl.verify_name);
+  if (cl.rm->parsed()) return cmd_rm(c, cl.rm_name);
+  if (cl.watch->parsed()) return modelctl::watch(daemon, {cl.watch_name, c.json, c.tty, c.style});
+  return exit_refused;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"modelctl: the client of modeld, which deploys language models as systemd units"};
+  CommandLine cl;
+  define_commands(app, cl);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? exit_ok : exit_refused;  // bad usage is exit 2 by the contract
   }
-
-  if (logs->parsed()) return cmd_logs(follow, logs_name);
-
-  if (socket.empty()) {
-    const char* env = std::getenv("MODELD_SOCKET");
-    socket = env && *env ? env : "/run/modeld/modeld.sock";
-  }
-  Daemon daemon(socket);
-  Context c{daemon};
-  c.json = json_output;
-  c.tty = ::isatty(STDOUT_FILENO) == 1;
-  const char* no_color = std::getenv("NO_COLOR");
-  c.style.color = c.tty && !(no_color && *no_color);
-
-  if (status->parsed()) return cmd_status(c);
-  if (models->parsed()) return cmd_models(c);
-  if (deploy->parsed()) return cmd_deploy(c, deploy_name, wait, allow_downtime);
-  if (cancel->parsed()) return cmd_cancel(c);
-  if (plan->parsed()) return cmd_plan(c, plan_name, allow_downtime);
-  if (verify->parsed()) return cmd_verify(c, verify_name);
-  if (rm->parsed()) return cmd_rm(c, rm_name);
-  if (watch->parsed()) return modelctl::watch(daemon, {watch_name, c.json, c.tty, c.style});
-  return exit_refused;
+  return run_command(cl);
 }

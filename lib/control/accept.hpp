@@ -4,10 +4,12 @@
 // in Asio; keep it out of public headers).
 
 #include "sys/log.hpp"
+#include "sys/task.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -15,22 +17,26 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <string>
 #include <utility>
 
 namespace modeld::control::detail {
 
 /// Runs `task` detached on `executor`; an exception escaping it is logged as an error line
-/// "`what` failed: MESSAGE" instead of ending the process.
+/// "`what` failed: MESSAGE" (sys::log_failure) instead of ending the process.
 inline void spawn_logged(boost::asio::any_io_executor executor, boost::asio::awaitable<void> task,
                          std::string what) {
-  boost::asio::co_spawn(std::move(executor), std::move(task), [what = std::move(what)](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      sys::logf(sys::Level::error, "{} failed: {}", what, ex.what());
-    }
+  boost::asio::co_spawn(std::move(executor), std::move(task), sys::log_failure(std::move(what)));
+}
+
+/// Makes an emit on `slot` call `owner->stop()` (idempotent) while `owner` lives: how the server
+/// and the metrics listener hang off the daemon's cancellation tree. An unconnected slot does nothing.
+template <class Owner>
+void stop_on(boost::asio::cancellation_slot slot, const std::shared_ptr<Owner>& owner) {
+  if (!slot.is_connected()) return;
+  slot.assign([weak = std::weak_ptr<Owner>(owner)](boost::asio::cancellation_type) {
+    if (auto o = weak.lock()) o->stop();
   });
 }
 

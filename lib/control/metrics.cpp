@@ -208,6 +208,7 @@ struct MetricsListener::Impl : std::enable_shared_from_this<Impl> {
   detail::ClosedNotes notes;
 
   asio::awaitable<void> accept_loop();
+  void stop();  // MetricsListener::stop(), also reached from the daemon's cancellation tree
   void accepted(tcp::socket socket);  // for detail::accept_each: makes room, starts a session
   // Closes connection `id` for room for one from `peer` that does not fit (`why`), and says so.
   void close_for_room(std::uint64_t id, const asio::ip::address& peer, const std::string& why);
@@ -266,18 +267,20 @@ std::uint16_t MetricsListener::port() const {
   return ec ? 0 : ep.port();
 }
 
-void MetricsListener::start() {
+void MetricsListener::start(asio::cancellation_slot stop_on) {
+  detail::stop_on(stop_on, impl_);
   detail::spawn_logged(impl_->executor, impl_->accept_loop(), "metrics listener");
 }
 
-void MetricsListener::stop() {
-  auto& impl = *impl_;
-  if (impl.stopped) return;
-  impl.stopped = true;
+void MetricsListener::stop() { impl_->stop(); }
+
+void MetricsListener::Impl::stop() {
+  if (stopped) return;
+  stopped = true;
   boost::system::error_code ec;
-  impl.acceptor.close(ec);
+  acceptor.close(ec);
   std::vector<std::shared_ptr<Stream>> open;
-  for (auto& [id, weak] : impl.streams)
+  for (auto& [id, weak] : streams)
     if (auto s = weak.lock()) open.push_back(std::move(s));
   for (auto& s : open) s->close();
 }

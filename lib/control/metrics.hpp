@@ -8,6 +8,7 @@
 #include "util/error.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -114,8 +115,9 @@ class MetricsListener {
   /// The bound port (after listen()).
   std::uint16_t port() const;
 
-  /// Starts accepting connections.
-  void start();
+  /// Starts accepting connections; an emit on `stop_on` (the daemon's cancellation tree) stops
+  /// the listener as stop() does. Returns at once.
+  void start(boost::asio::cancellation_slot stop_on = {});
 
   /// Closes the listener and every connection; idempotent.
   void stop();

@@ -143,6 +143,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   util::LogThrottle refusals{std::chrono::seconds(10)};  // one journal line per 10 s at most
 
   asio::awaitable<void> accept_loop();
+  void stop();  // Server::stop(), also reached from the daemon's cancellation tree
   void accepted(local::socket socket);  // for detail::accept_each: checks the peer and starts a session
   // Why a new connection of `peer` is over the limits (Limits), or nullopt when it may stay.
   std::optional<std::string> over_limit(const Peer& peer) const;
@@ -150,6 +151,12 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   // Answers 503 naming `why`, then closes; not counted among the connections.
   asio::awaitable<void> refuse(std::shared_ptr<Conn> conn, std::string why);
   asio::awaitable<void> session(std::shared_ptr<Conn> conn, std::uint64_t id);
+  // Reads one request into `parser`, answering 413, 431 or 400 for one over the limits or
+  // malformed; false when the connection is to end.
+  asio::awaitable<bool> read_request(Conn& conn, beast::flat_buffer& buffer,
+                                     http::request_parser<http::string_body>& parser);
+  // Answers `msg` (or streams events); false when the connection is to end.
+  asio::awaitable<bool> answer(std::shared_ptr<Conn> conn, http::request<http::string_body>& msg);
   asio::awaitable<void> stream_events(std::shared_ptr<Conn> conn);
   asio::awaitable<void> answer_and_close(Conn& conn, unsigned status, const Error& error);
 
@@ -233,19 +240,21 @@ Result<void> Server::adopt(int fd) {
   return {};
 }
 
-void Server::start() {
+void Server::start(asio::cancellation_slot stop_on) {
+  detail::stop_on(stop_on, impl_);
   impl_->spawn(impl_->accept_loop(), "accepting control connections");
 }
 
-void Server::stop() {
-  auto& impl = *impl_;
-  if (impl.stopped) return;
-  impl.stopped = true;
+void Server::stop() { impl_->stop(); }
+
+void Server::Impl::stop() {
+  if (stopped) return;
+  stopped = true;
   boost::system::error_code ec;
-  impl.acceptor.close(ec);
+  acceptor.close(ec);
   // Copy first: closing wakes sessions, which remove themselves from the table.
   std::vector<std::shared_ptr<Conn>> open;
-  for (auto& [id, weak] : impl.conns)
+  for (auto& [id, weak] : conns)
     if (auto c = weak.lock()) open.push_back(std::move(c));
   for (auto& c : open) c->close();
 }
@@ -343,69 +352,77 @@ asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uin
 
   while (!stopped) {
     http::request_parser<http::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(limits.header_bytes));
-    parser.body_limit(limits.body_bytes);
-    // One deadline for the whole request, headers and body (and for an idle keep-alive wait).
-    conn->stream.expires_after(limits.read_timeout);
-    auto [ec, n] = co_await http::async_read_header(conn->stream, buffer, parser, use_tuple);
-    if (!ec && !parser.is_done()) {
-      if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
-        static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
-        auto [cec, cn] = co_await asio::async_write(conn->stream, asio::buffer(cont), use_tuple);
-        ec = cec;
-      }
-      if (!ec) std::tie(ec, n) = co_await http::async_read(conn->stream, buffer, parser, use_tuple);
-    }
-    if (ec == http::error::body_limit) {
-      co_await answer_and_close(*conn, 413, make_error(Errc::bad_request,
-          fmt::format("request body exceeds {} bytes", limits.body_bytes)));
-      co_return;
-    }
-    if (ec == http::error::header_limit) {
-      co_await answer_and_close(*conn, 431, make_error(Errc::bad_request,
-          fmt::format("request headers exceed {} bytes", limits.header_bytes)));
-      co_return;
-    }
-    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
-        ec == asio::error::operation_aborted || ec == asio::error::eof ||
-        ec == asio::error::connection_reset || ec == http::error::partial_message)
-      co_return;
-    if (ec && ec.category() == http::make_error_code(http::error::bad_method).category()) {
-      co_await answer_and_close(*conn, 400, make_error(Errc::bad_request,
-          fmt::format("malformed HTTP request: {}", ec.message())));
-      co_return;
-    }
-    if (ec) co_return;
-
-    auto& msg = parser.get();
-    Request req{std::string(msg.method_string()), std::string(msg.target()), std::move(msg.body())};
-    const bool keep_alive = msg.keep_alive();
-    const unsigned version = msg.version();
-    Response r;
-    const std::string_view path = std::string_view(req.target).substr(0, req.target.find('?'));
-    if (options.metrics && path == "/metrics" && req.method == "GET") {
-      // The same route as handle()'s, with the counters that only the event stream gives.
-      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      r.body = options.metrics->text();
-    } else {
-      Request seen{req.method, req.target, {}};
-      r = co_await handle_async(std::move(req), conn->peer, engine, access, &hub_reads);
-      if (options.metrics) options.metrics->observe(seen, r);
-    }
-    if (r.event_stream) {
-      co_await stream_events(conn);
-      co_return;
-    }
-    http::response<http::string_body> res{static_cast<http::status>(r.status), version};
-    res.set(http::field::content_type, r.content_type);
-    for (auto& [name, value] : r.headers) res.set(name, value);
-    res.keep_alive(keep_alive && !stopped);
-    res.body() = std::move(r.body);
-    res.prepare_payload();
-    conn->stream.expires_after(limits.write_timeout);
-    auto [wec, wn] = co_await http::async_write(conn->stream, res, use_tuple);
-    if (wec || !res.keep_alive()) co_return;
+    if (!co_await read_request(*conn, buffer, parser)) co_return;
+    if (!co_await answer(conn, parser.get())) co_return;
   }
+}
+
+asio::awaitable<bool> Server::Impl::read_request(Conn& conn, beast::flat_buffer& buffer,
+                                                 http::request_parser<http::string_body>& parser) {
+  const auto& limits = options.limits;
+  parser.header_limit(static_cast<std::uint32_t>(limits.header_bytes));
+  parser.body_limit(limits.body_bytes);
+  // One deadline for the whole request, headers and body (and for an idle keep-alive wait).
+  conn.stream.expires_after(limits.read_timeout);
+  auto [ec, n] = co_await http::async_read_header(conn.stream, buffer, parser, use_tuple);
+  if (!ec && !parser.is_done()) {
+    if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+      static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+      auto [cec, cn] = co_await asio::async_write(conn.stream, asio::buffer(cont), use_tuple);
+      ec = cec;
+    }
+    if (!ec) std::tie(ec, n) = co_await http::async_read(conn.stream, buffer, parser, use_tuple);
+  }
+  if (ec == http::error::body_limit) {
+    co_await answer_and_close(conn, 413, make_error(Errc::bad_request,
+        fmt::format("request body exceeds {} bytes", limits.body_bytes)));
+    co_return false;
+  }
+  if (ec == http::error::header_limit) {
+    co_await answer_and_close(conn, 431, make_error(Errc::bad_request,
+        fmt::format("request headers exceed {} bytes", limits.header_bytes)));
+    co_return false;
+  }
+  if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+      ec == asio::error::operation_aborted || ec == asio::error::eof ||
+      ec == asio::error::connection_reset || ec == http::error::partial_message)
+    co_return false;
+  if (ec && ec.category() == http::make_error_code(http::error::bad_method).category()) {
+    co_await answer_and_close(conn, 400, make_error(Errc::bad_request,
+        fmt::format("malformed HTTP request: {}", ec.message())));
+    co_return false;
+  }
+  co_return !ec;
+}
+
+asio::awaitable<bool> Server::Impl::answer(std::shared_ptr<Conn> conn, http::request<http::string_body>& msg) {
+  Request req{std::string(msg.method_string()), std::string(msg.target()), std::move(msg.body())};
+  const bool keep_alive = msg.keep_alive();
+  const unsigned version = msg.version();
+  Response r;
+  const std::string_view path = std::string_view(req.target).substr(0, req.target.find('?'));
+  if (options.metrics && path == "/metrics" && req.method == "GET") {
+    // The same route as handle()'s, with the counters that only the event stream gives.
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = options.metrics->text();
+  } else {
+    Request seen{req.method, req.target, {}};
+    r = co_await handle_async(std::move(req), conn->peer, engine, access, &hub_reads);
+    if (options.metrics) options.metrics->observe(seen, r);
+  }
+  if (r.event_stream) {
+    co_await stream_events(conn);
+    co_return false;
+  }
+  http::response<http::string_body> res{static_cast<http::status>(r.status), version};
+  res.set(http::field::content_type, r.content_type);
+  for (auto& [name, value] : r.headers) res.set(name, value);
+  res.keep_alive(keep_alive && !stopped);
+  res.body() = std::move(r.body);
+  res.prepare_payload();
+  conn->stream.expires_after(options.limits.write_timeout);
+  auto [wec, wn] = co_await http::async_write(conn->stream, res, use_tuple);
+  co_return !wec && res.keep_alive();
 }
 
 asio::awaitable<void> Server::Impl::stream_events(std::shared_ptr<Conn> conn) {

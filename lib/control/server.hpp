@@ -11,6 +11,7 @@
 #include "util/error.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -71,8 +72,9 @@ class Server {
   /// ownership. Errors: io_error when it is not such a socket.
   Result<void> adopt(int fd);
 
-  /// Starts accepting connections (after listen() or adopt()).
-  void start();
+  /// Starts accepting connections (after listen() or adopt()); an emit on `stop_on` (the daemon's
+  /// cancellation tree) stops the server as stop() does. Returns at once.
+  void start(boost::asio::cancellation_slot stop_on = {});
 
   /// Closes the listening socket and every connection, ending event streams; idempotent.
   void stop();

@@ -4,6 +4,7 @@
 #include "fetch/fetch.hpp"
 #include "store/store.hpp"
 #include "sys/notify.hpp"
+#include "sys/task.hpp"
 #include "units/service_manager.hpp"
 #include "util/memory.hpp"
 #include "util/on_pool.hpp"
@@ -259,7 +260,7 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
     co_await watcher_->stop();
     if (rewatch && !running_ && !shutting_down_ && state_.active && state_.active->model == active)
       watch_active(false);
-  }, asio::detached);
+  }, sys::log_failure("reload: rewriting the drop-in of " + units::serve_unit(active), f));
 }
 
 bool Deployer::owns_service(const Deployment& d, Phase p) {
@@ -277,9 +278,12 @@ void Deployer::shutdown(std::function<void()> done) {
   if (watcher_->running()) {
     // The watchdog may be in the middle of a restart: it ends first (cancelled, awaited).
     watcher_->cancel();
-    asio::co_spawn(io_, watcher_->stop(), [this, done = std::move(done)](std::exception_ptr) mutable {
-      shutdown(std::move(done));
-    });
+    asio::co_spawn(io_, watcher_->stop(),
+                   [this, done = std::move(done), log = sys::log_failure("stopping the watchdog")](
+                       std::exception_ptr e) mutable {
+                     log(e);
+                     shutdown(std::move(done));
+                   });
     return;
   }
   if (!running_) {
@@ -288,6 +292,10 @@ void Deployer::shutdown(std::function<void()> done) {
   }
   on_idle_ = std::move(done);
   running_->cancel.emit(asio::cancellation_type::terminal);
+}
+
+void Deployer::shutdown_on(asio::cancellation_slot slot, std::function<void()> done) {
+  slot.assign([this, done = std::move(done)](asio::cancellation_type) { shutdown(done); });
 }
 
 std::string Deployer::new_id(const std::string& model, std::chrono::system_clock::time_point now) const {
@@ -348,14 +356,7 @@ void Deployer::begin(Deployment d, Phase first) {
   r->run->changed = [this, raw] { persist(raw->record); };
   r->run->on_progress = [this, raw](const fetch::Progress& p) { on_progress(*raw, p); };
   running_ = r;
-  asio::co_spawn(io_, drive(r, first), [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      sys::logf(sys::Level::error, "deployment coroutine ended with an exception: {}", ex.what());
-    }
-  });
+  asio::co_spawn(io_, drive(r, first), sys::log_failure("deployment coroutine"));
 }
 
 asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {

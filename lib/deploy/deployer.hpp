@@ -50,6 +50,10 @@ class Deployer final : public Engine {
   /// recorded as running so the next start continues it; calls `done` once nothing runs any more.
   void shutdown(std::function<void()> done);
 
+  /// Hangs the Deployer off a cancellation tree (the daemon's stop): an emit on `slot` runs
+  /// shutdown(`done`). Returns at once.
+  void shutdown_on(boost::asio::cancellation_slot slot, std::function<void()> done);
+
   /// Takes over a reloaded configuration (SIGHUP): new deployments, plans, verify, rm, the model
   /// list and the watchdog use `config` from now on. A running deployment is not interrupted: it
   /// finishes (or rolls back) with the configuration it started with. When no deployment runs

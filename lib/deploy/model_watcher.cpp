@@ -1,6 +1,7 @@
 #include "deploy/model_watcher.hpp"
 
 #include "health/health.hpp"
+#include "sys/task.hpp"
 #include "units/service_manager.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
@@ -110,17 +111,9 @@ void ModelWatcher::start(const std::string& model, bool wait_ready_first) {
   run_ = run;
   record(model).state = wait_ready_first ? "restarting" : "watching";
   asio::co_spawn(io_, watch(model, wait_ready_first, run),
-                 asio::bind_cancellation_slot(run->signal.slot(), [this, run](std::exception_ptr e) {
-                   if (e) {
-                     try {
-                       std::rethrow_exception(e);
-                     } catch (const boost::system::system_error& ex) {
-                       if (ex.code() != asio::error::operation_aborted)
-                         sys::logf(sys::Level::error, "watchdog ended with an error: {}", ex.what());
-                     } catch (const std::exception& ex) {
-                       sys::logf(sys::Level::error, "watchdog ended with an exception: {}", ex.what());
-                     }
-                   }
+                 asio::bind_cancellation_slot(run->signal.slot(), [this, run, log = sys::log_failure("watchdog")](
+                                                                      std::exception_ptr e) {
+                   log(e);
                    if (run != run_) return;  // a ModelWatcher being destroyed dropped it
                    running_ = false;
                    record(current_).state = "stopped";
@@ -165,161 +158,188 @@ asio::awaitable<Result<void>> ModelWatcher::probe(const config::ModelConfig& m) 
   co_return co_await default_probe(services_, m);
 }
 
+/// One watch's state: the model, its unit, the run of restarts and why a restart is due.
+struct Watched {
+  std::string model;
+  config::ModelConfig m;  // a copy: the configuration may be replaced meanwhile
+  std::string unit;
+  sys::Fields f;
+  unsigned k;              // failed probes in a row that call for a restart
+  milliseconds interval;   // between checks
+  WatchdogStatus& rec;
+  WatchRun& run;
+  unsigned streak = 0;                            // restarts in the current run of restarts
+  std::optional<Clock::time_point> last_restart;  // when the last restart became ready
+  std::optional<std::string> pending;             // why a restart is due now
+};
+
+/// What a restart that came due amounts to once backoff and a second look are over.
+enum class ModelWatcher::Due : int { end, healed, restart_live, restart_down };
+
+void ModelWatcher::set_state(WatchdogStatus& rec, const char* state) {
+  rec.state = state;
+  changed();
+}
+
 asio::awaitable<void> ModelWatcher::watch(std::string model, bool wait_ready_first, std::shared_ptr<WatchRun> run) {
   const auto* found = services_.config->find_model(model);
   if (!found) co_return;
-  const config::ModelConfig m = *found;  // the configuration may be replaced meanwhile
-  const auto unit = units::serve_unit(model);
-  sys::Fields f;
-  f.model = model;
-  f.extra.emplace_back("MODELD_UNIT", unit);
-  const unsigned k = std::max(1u, m.health.watch_failures);
-  const milliseconds interval = std::max<milliseconds>(m.health.watch_interval, milliseconds(100));
-  auto& rec = record(model);
-  rec.consecutive_failures = 0;
-
-  auto set_state = [this, &rec](const char* state) {
-    rec.state = state;
-    changed();
-  };
-
-  unsigned streak = 0;                   // restarts in the current run of restarts
-  std::optional<Clock::time_point> last_restart;  // when the last restart became ready
-  std::optional<std::string> pending;   // why a restart is due now
+  Watched w{model, *found, units::serve_unit(model), {}, std::max(1u, found->health.watch_failures),
+            std::max<milliseconds>(found->health.watch_interval, milliseconds(100)), record(model), *run};
+  w.f.model = model;
+  w.f.extra.emplace_back("MODELD_UNIT", w.unit);
+  w.rec.consecutive_failures = 0;
 
   if (wait_ready_first) {
-    auto r = co_await ready(m, f);
+    auto r = co_await ready(w.m, w.f);
     if (run->stop) co_return;
-    if (!r) pending = fmt::format("{} is not ready after the daemon started it: {}", unit, r.error().message);
+    if (!r) w.pending = fmt::format("{} is not ready after the daemon started it: {}", w.unit, r.error().message);
   }
-  set_state("watching");
-  sys::logf(sys::Level::info, f, "watchdog: watching {} every {}, restarting it when it leaves the active state or "
-            "after {} failed probe{} in a row", unit, seconds_text(interval), k, k == 1 ? "" : "s");
+  set_state(w.rec, "watching");
+  sys::logf(sys::Level::info, w.f, "watchdog: watching {} every {}, restarting it when it leaves the active state or "
+            "after {} failed probe{} in a row", w.unit, seconds_text(w.interval), w.k, w.k == 1 ? "" : "s");
 
+  // Statements, not && or ?: around co_await (GCC 12 miscompiles those).
   for (;;) {
-    if (!pending) {
-      if (!co_await pause(interval) || run->stop) break;
-      auto st = co_await services_.units.status(unit);
-      if (run->stop) break;
-      if (!st) {
-        // A bus problem says nothing about the server: no restart for it.
-        sys::logf(sys::Level::warning, f, "watchdog: cannot query {}: {}", unit, st.error().message);
-        continue;
-      }
-      if (!units::is_up(st->active_state)) {
-        pending = describe_down(unit, *st);
-      } else if (st->active_state != units::ActiveState::active) {
-        continue;  // starting or reloading: on its way
-      } else {
-        const auto t0 = Clock::now();
-        auto r = co_await probe(m);
-        if (run->stop) break;
-        rec.last_probe_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        rec.last_probe_at = util::rfc3339(std::chrono::system_clock::now());
-        rec.last_probe_ok = static_cast<bool>(r);
-        if (r) {
-          if (rec.consecutive_failures > 0)
-            sys::logf(sys::Level::notice, f, "watchdog: {} answers again after {} failed probe{}", unit,
-                      rec.consecutive_failures, rec.consecutive_failures == 1 ? "" : "s");
-          rec.consecutive_failures = 0;
-          if (streak > 0 && last_restart && Clock::now() - *last_restart >= options_.healthy_reset) {
-            sys::logf(sys::Level::info, f, "watchdog: {} stayed healthy for {} after its last restart; backoff reset",
-                      unit, seconds_text(options_.healthy_reset));
-            streak = 0;
-          }
-          changed();
-          continue;
-        }
-        ++rec.consecutive_failures;
-        ++rec.probe_failures;
-        sys::logf(sys::Level::warning, f, "watchdog: probe {} of {} of {} failed: {}", rec.consecutive_failures, k,
-                  unit, r.error().message);
-        changed();
-        if (rec.consecutive_failures < k) continue;
-        pending = fmt::format("{} probe{} in a row failed, the last: {}", rec.consecutive_failures,
-                              rec.consecutive_failures == 1 ? "" : "s", r.error().message);
-      }
+    if (!w.pending) {
+      const bool go_on = co_await check(w);
+      if (!go_on) break;
+      if (!w.pending) continue;
     }
-
-    // A restart is due. Back off first when restarts follow each other.
-    const auto delay = watchdog_backoff(streak, options_.backoff_base, options_.backoff_max);
-    if (delay.count() > 0) {
-      set_state("backoff");
-      sys::logf(sys::Level::notice, f, "watchdog: {} needs a restart ({}); waiting {} first (restart {} in a row)",
-                unit, *pending, seconds_text(delay), streak + 1);
-      if (!co_await pause(delay) || run->stop) break;
-    }
-    auto st = co_await services_.units.status(unit);
-    if (run->stop) break;
-    const bool up = st && units::is_up(st->active_state);
-    if (delay.count() > 0 && up && st->active_state == units::ActiveState::active) {
-      // Something (an operator, say) brought it back during the backoff: probe before restarting.
-      auto r = co_await probe(m);
-      if (run->stop) break;
-      if (r) {
-        sys::logf(sys::Level::notice, f, "watchdog: {} answers again; no restart needed", unit);
-        pending.reset();
-        rec.consecutive_failures = 0;
-        set_state("watching");
-        continue;
-      }
-    }
-    if (!up) {
-      // Never start a checkpoint whose files changed since their verification.
-      auto commit = services_.store.linked_commit(model);
-      bool trusted = false;
-      if (commit) trusted = co_await files_still_trusted(services_, model, *commit, f, false);
-      if (run->stop) break;
-      if (!trusted) {
-        sys::logf(sys::Level::error, f,
-                  "watchdog: {} is down ({}), but the files of model {} {}: not restarting it ({})", unit, *pending,
-                  model, commit ? "changed since their verification" : "are no longer linked in models_dir",
-                  commit ? fmt::format("`modelctl verify {}` re-hashes them and, if they are intact, has it "
-                                       "watched and restarted again; or deploy it again", model)
-                         : std::string("deploy it again"));
-        break;
-      }
-    }
-
-    const std::string reason = *pending;
-    pending.reset();
-    ++streak;
-    ++rec.restarts;
-    rec.consecutive_failures = 0;
-    rec.last_restart_at = util::rfc3339(std::chrono::system_clock::now());
-    rec.last_restart_reason = reason;
-    set_state("restarting");
-    {
-      sys::Fields rf = f;
-      rf.message_id = watchdog_restart_message_id;
-      rf.extra.emplace_back("MODELD_WATCHDOG_RESTARTS", std::to_string(rec.restarts));
-      sys::logf(sys::Level::warning, rf, "watchdog: restarting {} of model {}: {}", unit, model, reason);
-    }
-    if (up) {
-      if (auto s = co_await services_.units.stop(unit); !s)
-        sys::logf(sys::Level::error, f, "watchdog: cannot stop {}: {}", unit, s.error().message);
-      else if (auto w = co_await units::wait_inactive(services_.units, unit, stop_wait(m.serve.stop_timeout)); !w)
-        sys::logf(sys::Level::error, f, "watchdog: {}", w.error().message);
-      if (run->stop) break;
-    }
-    if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s) {
-      if (run->stop) break;
-      pending = fmt::format("cannot start {}: {}", unit, s.error().message);
-      sys::logf(sys::Level::error, f, "watchdog: {}", *pending);
-      continue;
-    }
-    auto r = co_await ready(m, f);
-    if (run->stop) break;
-    if (!r) {
-      pending = fmt::format("{} is not ready after the restart: {}", unit, r.error().message);
-      sys::logf(sys::Level::error, f, "watchdog: {}", *pending);
-      continue;
-    }
-    last_restart = Clock::now();
-    sys::logf(sys::Level::notice, f, "watchdog: {} serves again after restart {} ({} in a row)", unit, rec.restarts,
-              streak);
-    set_state("watching");
+    const Due due = co_await confirm_restart(w);
+    if (due == Due::end) break;
+    if (due == Due::healed) continue;
+    const bool restarted = co_await restart(w, due == Due::restart_live);
+    if (!restarted) break;
   }
+}
+
+asio::awaitable<bool> ModelWatcher::check(Watched& w) {
+  if (!co_await pause(w.interval) || w.run.stop) co_return false;
+  auto st = co_await services_.units.status(w.unit);
+  if (w.run.stop) co_return false;
+  if (!st) {
+    // A bus problem says nothing about the server: no restart for it.
+    sys::logf(sys::Level::warning, w.f, "watchdog: cannot query {}: {}", w.unit, st.error().message);
+    co_return true;
+  }
+  if (!units::is_up(st->active_state)) {
+    w.pending = describe_down(w.unit, *st);
+    co_return true;
+  }
+  if (st->active_state != units::ActiveState::active) co_return true;  // starting or reloading: on its way
+  auto& rec = w.rec;
+  const auto t0 = Clock::now();
+  auto r = co_await probe(w.m);
+  if (w.run.stop) co_return false;
+  rec.last_probe_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  rec.last_probe_at = util::rfc3339(std::chrono::system_clock::now());
+  rec.last_probe_ok = static_cast<bool>(r);
+  if (r) {
+    if (rec.consecutive_failures > 0)
+      sys::logf(sys::Level::notice, w.f, "watchdog: {} answers again after {} failed probe{}", w.unit,
+                rec.consecutive_failures, rec.consecutive_failures == 1 ? "" : "s");
+    rec.consecutive_failures = 0;
+    if (w.streak > 0 && w.last_restart && Clock::now() - *w.last_restart >= options_.healthy_reset) {
+      sys::logf(sys::Level::info, w.f, "watchdog: {} stayed healthy for {} after its last restart; backoff reset",
+                w.unit, seconds_text(options_.healthy_reset));
+      w.streak = 0;
+    }
+    changed();
+    co_return true;
+  }
+  ++rec.consecutive_failures;
+  ++rec.probe_failures;
+  sys::logf(sys::Level::warning, w.f, "watchdog: probe {} of {} of {} failed: {}", rec.consecutive_failures, w.k,
+            w.unit, r.error().message);
+  changed();
+  if (rec.consecutive_failures < w.k) co_return true;
+  w.pending = fmt::format("{} probe{} in a row failed, the last: {}", rec.consecutive_failures,
+                          rec.consecutive_failures == 1 ? "" : "s", r.error().message);
+  co_return true;
+}
+
+asio::awaitable<ModelWatcher::Due> ModelWatcher::confirm_restart(Watched& w) {
+  // Back off first when restarts follow each other.
+  const auto delay = watchdog_backoff(w.streak, options_.backoff_base, options_.backoff_max);
+  if (delay.count() > 0) {
+    set_state(w.rec, "backoff");
+    sys::logf(sys::Level::notice, w.f, "watchdog: {} needs a restart ({}); waiting {} first (restart {} in a row)",
+              w.unit, *w.pending, seconds_text(delay), w.streak + 1);
+    if (!co_await pause(delay) || w.run.stop) co_return Due::end;
+  }
+  auto st = co_await services_.units.status(w.unit);
+  if (w.run.stop) co_return Due::end;
+  const bool up = st && units::is_up(st->active_state);
+  if (delay.count() > 0 && up && st->active_state == units::ActiveState::active) {
+    // Something (an operator, say) brought it back during the backoff: probe before restarting.
+    auto r = co_await probe(w.m);
+    if (w.run.stop) co_return Due::end;
+    if (r) {
+      sys::logf(sys::Level::notice, w.f, "watchdog: {} answers again; no restart needed", w.unit);
+      w.pending.reset();
+      w.rec.consecutive_failures = 0;
+      set_state(w.rec, "watching");
+      co_return Due::healed;
+    }
+  }
+  if (up) co_return Due::restart_live;
+  // Never start a checkpoint whose files changed since their verification.
+  auto commit = services_.store.linked_commit(w.model);
+  bool trusted = false;
+  if (commit) trusted = co_await files_still_trusted(services_, w.model, *commit, w.f, false);
+  if (w.run.stop) co_return Due::end;
+  if (trusted) co_return Due::restart_down;
+  sys::logf(sys::Level::error, w.f,
+            "watchdog: {} is down ({}), but the files of model {} {}: not restarting it ({})", w.unit, *w.pending,
+            w.model, commit ? "changed since their verification" : "are no longer linked in models_dir",
+            commit ? fmt::format("`modelctl verify {}` re-hashes them and, if they are intact, has it "
+                                 "watched and restarted again; or deploy it again", w.model)
+                   : std::string("deploy it again"));
+  co_return Due::end;
+}
+
+asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
+  auto& rec = w.rec;
+  const std::string reason = *w.pending;
+  w.pending.reset();
+  ++w.streak;
+  ++rec.restarts;
+  rec.consecutive_failures = 0;
+  rec.last_restart_at = util::rfc3339(std::chrono::system_clock::now());
+  rec.last_restart_reason = reason;
+  set_state(rec, "restarting");
+  {
+    sys::Fields rf = w.f;
+    rf.message_id = watchdog_restart_message_id;
+    rf.extra.emplace_back("MODELD_WATCHDOG_RESTARTS", std::to_string(rec.restarts));
+    sys::logf(sys::Level::warning, rf, "watchdog: restarting {} of model {}: {}", w.unit, w.model, reason);
+  }
+  if (up) {
+    if (auto s = co_await services_.units.stop(w.unit); !s)
+      sys::logf(sys::Level::error, w.f, "watchdog: cannot stop {}: {}", w.unit, s.error().message);
+    else if (auto r = co_await units::wait_inactive(services_.units, w.unit, stop_wait(w.m.serve.stop_timeout)); !r)
+      sys::logf(sys::Level::error, w.f, "watchdog: {}", r.error().message);
+    if (w.run.stop) co_return false;
+  }
+  if (auto s = co_await units::reset_failed_and_start(services_.units, w.unit); !s) {
+    if (w.run.stop) co_return false;
+    w.pending = fmt::format("cannot start {}: {}", w.unit, s.error().message);
+    sys::logf(sys::Level::error, w.f, "watchdog: {}", *w.pending);
+    co_return true;
+  }
+  auto r = co_await ready(w.m, w.f);
+  if (w.run.stop) co_return false;
+  if (!r) {
+    w.pending = fmt::format("{} is not ready after the restart: {}", w.unit, r.error().message);
+    sys::logf(sys::Level::error, w.f, "watchdog: {}", *w.pending);
+    co_return true;
+  }
+  w.last_restart = Clock::now();
+  sys::logf(sys::Level::notice, w.f, "watchdog: {} serves again after restart {} ({} in a row)", w.unit, rec.restarts,
+            w.streak);
+  set_state(rec, "watching");
+  co_return true;
 }
 
 }  // namespace modeld::deploy

@@ -34,6 +34,7 @@ std::chrono::milliseconds watchdog_backoff(unsigned streak, std::chrono::millise
                                            std::chrono::milliseconds cap);
 
 struct WatchRun;
+struct Watched;
 
 /// Watches the active model's service; owned by the Deployer, runs on its io_context thread.
 class ModelWatcher {
@@ -84,7 +85,17 @@ class ModelWatcher {
   std::vector<WatchdogStatus> statuses() const;
 
  private:
+  enum class Due : int;
   boost::asio::awaitable<void> watch(std::string model, bool wait_ready_first, std::shared_ptr<WatchRun> run);
+  // One check of a healthy watch: waits watch_interval, asks for the unit's state and probes
+  // it; sets w.pending when a restart is due. False: the watch is to end.
+  boost::asio::awaitable<bool> check(Watched& w);
+  // Once a restart is due: backs off, looks again, and refuses to start files that changed.
+  boost::asio::awaitable<Due> confirm_restart(Watched& w);
+  // Restarts the unit (stopping it first when `up`) and waits until it is ready; a failure
+  // leaves w.pending set for the next attempt. False: the watch is to end.
+  boost::asio::awaitable<bool> restart(Watched& w, bool up);
+  void set_state(WatchdogStatus& rec, const char* state);
   boost::asio::awaitable<Result<void>> ready(const config::ModelConfig& m, const sys::Fields& f);
   boost::asio::awaitable<Result<void>> probe(const config::ModelConfig& m);
   WatchdogStatus& record(const std::string& model);

@@ -4,6 +4,7 @@
 
 #include "control/server.hpp"
 #include "unit/control/fake_engine.hpp"
+#include "util/cancel_tree.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -177,12 +178,12 @@ struct Fixture {
     };
   }
 
-  void start() {
+  void start(asio::cancellation_slot stop_on = {}) {
     server = std::make_unique<Server>(io.get_executor(), engine, options);
     auto listening = server->listen();
     INFO((listening ? std::string() : listening.error().message));
     REQUIRE(listening.has_value());
-    server->start();
+    server->start(stop_on);
     thread = std::thread([this] { io.run(); });
   }
 
@@ -448,6 +449,23 @@ TEST_CASE("stop closes idle connections and event streams") {
   CHECK(idle.read_to_end());
   CHECK(events.read_to_end());
   CHECK(eventually([&] { return f.engine.listener_count == 0; }));
+}
+
+TEST_CASE("an emit of the cancellation tree the server was started on stops it as stop() does") {
+  util::CancelTree tree;
+  Fixture f;
+  f.start(tree.child());
+  Client idle(f.socket), events(f.socket);
+  events.send(get("/v1/events"));
+  REQUIRE(events.read_until([](const std::string& in) { return in.find("\r\n\r\n") != std::string::npos; }));
+  f.on_io([&] {
+    tree.emit();
+    return 0;
+  });
+  CHECK(idle.read_to_end());
+  CHECK(events.read_to_end());
+  CHECK(eventually([&] { return f.engine.listener_count == 0; }));
+  CHECK(connect_to(f.socket) < 0);  // nothing accepts any more
 }
 
 TEST_CASE("a stale socket file is replaced, but one that answers is left alone") {

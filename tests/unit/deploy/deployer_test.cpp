@@ -9,6 +9,7 @@
 #include "deploy/deployer.hpp"
 
 #include "deploy/state_store.hpp"
+#include "util/cancel_tree.hpp"
 #include "http/client.hpp"
 #include "hub/hub.hpp"
 #include "store/store.hpp"
@@ -751,4 +752,27 @@ TEST_CASE("a deployment interrupted while rolling back finishes the rollback aft
   CHECK(end.error->message == "the new model never answered /health; rolled back: old serves again");
   check_old_restored(fx, end);
   CHECK(fx.position("stop " + kNewUnit) < fx.position("start " + kOldUnit));
+}
+
+// ---- the daemon's stop ----
+
+TEST_CASE("an emit of the daemon's cancellation tree ends the watch and the deployment, left recorded running") {
+  Fixture fx;
+  fx.boot();
+  REQUIRE(fx.deployer->watchdogs().front().state == "watching");
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  util::CancelTree tree;
+  bool done = false;
+  fx.deployer->shutdown_on(tree.child(), [&] { done = true; });
+  tree.emit();
+  REQUIRE(fx.run_until([&] { return done; }));
+  CHECK(fx.deployer->watchdogs().front().state == "stopped");
+  const auto records = fx.states.load_history(10);
+  auto it = std::find_if(records.begin(), records.end(), [&](const deploy::Deployment& r) { return r.id == d.id; });
+  REQUIRE(it != records.end());
+  CHECK(it->state == State::running);
+  CHECK(it->phase == Phase::downloading);
+  CHECK_FALSE(fx.deployer->start("old", false));  // no new work once stopping
 }

@@ -1,4 +1,5 @@
 #include "sys/log.hpp"
+#include "unit/sys/captured_stderr.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 using namespace modeld::sys;
+using modeld::sys::test::CapturedStderr;
 
 namespace {
 
@@ -20,41 +22,6 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
 bool has_name(const std::vector<std::string>& v, const std::string& name) {
   return std::any_of(v.begin(), v.end(), [&](const std::string& f) { return f.rfind(name + "=", 0) == 0; });
 }
-
-// Points fd 2 at a temporary file for the life of the object, then reads what was written.
-class CapturedStderr {
- public:
-  CapturedStderr() {
-    std::fflush(stderr);
-    char path[] = "/tmp/modeld-log-test-XXXXXX";
-    fd_ = ::mkstemp(path);
-    REQUIRE(fd_ >= 0);
-    ::unlink(path);
-    saved_ = ::dup(STDERR_FILENO);
-    ::dup2(fd_, STDERR_FILENO);
-  }
-  ~CapturedStderr() { restore(); ::close(fd_); }
-  std::string text() {
-    restore();
-    std::string out;
-    char buf[4096];
-    ssize_t n;
-    ::lseek(fd_, 0, SEEK_SET);
-    while ((n = ::read(fd_, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
-    return out;
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, STDERR_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  int fd_ = -1;
-  int saved_ = -1;
-};
 
 }  // namespace
 
