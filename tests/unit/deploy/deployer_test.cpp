@@ -150,6 +150,7 @@ struct Fixture {
   std::map<std::string, Error> not_ready;  // model -> what readiness answers instead of ready
   std::map<std::string, int> ready_waits;  // model -> readiness waits
   std::vector<nlohmann::json> phase_events, state_events;
+  std::vector<std::pair<std::string, std::string>> texts;  ///< every event: its SSE name and data text
   std::function<void(const nlohmann::json&)> on_phase;  // called at every "phase" event
   std::unique_ptr<deploy::Deployer> deployer;
 
@@ -263,7 +264,9 @@ struct Fixture {
   }
 
   void on_event(const deploy::Event& e) {
-    auto j = nlohmann::json::parse(e.data_json);
+    const std::string text = e.data_json;
+    texts.emplace_back(e.kind, text);
+    auto j = nlohmann::json::parse(text);
     if (e.kind == "phase") {
       phase_events.push_back(j);
       if (on_phase) on_phase(j);
@@ -557,6 +560,49 @@ TEST_CASE("without allow_downtime the phases run in order, stopping the old mode
   CHECK_FALSE(end.downtime_first);
   check_new_serves(fx, end);
   CHECK(fx.store.linked_commit("old") == kOld);  // kept for a later rollback or redeploy
+}
+
+TEST_CASE("the event stream's names and data text of a deployment stay as they were") {
+  // The SSE stream's bytes for phase, progress and state (interface.md "Events"), pinned.
+  Fixture fx;
+  fx.boot();
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  REQUIRE(end.state == State::succeeded);
+  REQUIRE_FALSE(fx.texts.empty());
+  CHECK(fx.texts.front() ==
+        std::pair<std::string, std::string>{"phase", fmt::format(R"({{"id":"{}","model":"new","phase":"planning"}})", d.id)});
+  CHECK(fx.texts.back() ==
+        std::pair<std::string, std::string>{
+            "state", fmt::format(R"({{"error":null,"id":"{}","model":"new","phase":"benchmarking","state":"succeeded"}})",
+                                 d.id)});
+  std::size_t progress = 0;
+  for (const auto& [kind, text] : fx.texts) {
+    if (kind != "progress") continue;
+    ++progress;
+    const auto j = nlohmann::json::parse(text);
+    CHECK(text == fmt::format(R"({{"id":"{}","model":"new","progress":{}}})", d.id, j["progress"].dump()));
+    CHECK(j["progress"].size() == 7);
+    CHECK(j["progress"].contains("files"));
+  }
+  CHECK(progress > 0);
+}
+
+TEST_CASE("a cancelled deployment's state event carries the error object") {
+  Fixture fx;
+  fx.boot();
+  std::optional<Result<deploy::Deployment>> cancelled;
+  fx.on_phase = [&](const nlohmann::json& j) {
+    if (!cancelled) cancelled = fx.deployer->cancel(j["id"].get<std::string>());
+  };
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  REQUIRE(end.state == State::cancelled);
+  REQUIRE(end.error);
+  CHECK(fx.texts.back() == std::pair<std::string, std::string>{
+                               "state", fmt::format(R"({{"error":{},"id":"{}","model":"new","phase":"{}","state":"cancelled"}})",
+                                                    deploy::error_json(*end.error).dump(), d.id,
+                                                    deploy::to_string(end.phase))});
 }
 
 TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {
