@@ -90,7 +90,7 @@ class FakeEngine : public deploy::Engine {
     }
     return make_error(Errc::not_found, "no deployment " + id);
   }
-  std::vector<deploy::ModelInfo> models() const override { return configured; }
+  boost::asio::awaitable<std::vector<deploy::ModelInfo>> models() override { co_return configured; }
   boost::asio::awaitable<Result<deploy::PlanReport>> plan(std::string model, bool allow_downtime) override {
     asked.push_back("plan " + model + (allow_downtime ? " true" : " false"));
     if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);

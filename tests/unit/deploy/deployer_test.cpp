@@ -12,7 +12,9 @@
 #include "http/client.hpp"
 #include "hub/hub.hpp"
 #include "store/store.hpp"
+#include "store/store_detail.hpp"
 #include "units/service_manager.hpp"
+#include "util/json.hpp"
 #include "verify/hash.hpp"
 
 #include "unit/deploy/fake_units.hpp"
@@ -150,7 +152,7 @@ struct Fixture {
   std::map<std::string, Error> not_ready;  // model -> what readiness answers instead of ready
   std::map<std::string, int> ready_waits;  // model -> readiness waits
   std::vector<nlohmann::json> phase_events, state_events;
-  std::vector<std::pair<std::string, std::string>> texts;  ///< every event: its SSE name and data text
+  std::vector<std::pair<std::string, std::string>> texts;  ///< every SSE event: its name and data text
   std::function<void(const nlohmann::json&)> on_phase;  // called at every "phase" event
   std::unique_ptr<deploy::Deployer> deployer;
 
@@ -264,14 +266,15 @@ struct Fixture {
   }
 
   void on_event(const deploy::Event& e) {
-    const std::string text = e.data_json;
-    texts.emplace_back(e.kind, text);
+    if (e.kind == deploy::EventKind::watcher) return;  // not on the SSE stream
+    const std::string text = util::dump_json(deploy::event_json(e));
+    texts.emplace_back(deploy::to_string(e.kind), text);
     auto j = nlohmann::json::parse(text);
-    if (e.kind == "phase") {
+    if (e.kind == deploy::EventKind::phase) {
       phase_events.push_back(j);
       if (on_phase) on_phase(j);
     }
-    if (e.kind == "state") state_events.push_back(j);
+    if (e.kind == deploy::EventKind::state) state_events.push_back(j);
   }
 
   // load(), then recover() to its end, as the daemon starts.
@@ -603,6 +606,31 @@ TEST_CASE("a cancelled deployment's state event carries the error object") {
                                "state", fmt::format(R"({{"error":{},"id":"{}","model":"new","phase":"{}","state":"cancelled"}})",
                                                     deploy::error_json(*end.error).dump(), d.id,
                                                     deploy::to_string(end.phase))});
+}
+
+TEST_CASE("models says verified, partial for a revision never verified and corrupt for files changed since") {
+  Fixture fx;
+  fx.boot();
+  fx.put_files("new", kNew);
+  auto state_of = [&](const std::string& name) {
+    for (const auto& m : fx.run(fx.deployer->models()))
+      if (m.name == name) return m.state;
+    return std::string("not listed");
+  };
+  CHECK(state_of("old") == "verified");
+  CHECK(state_of("spare") == "verified");
+  CHECK(state_of("new") == "partial");
+
+  write_file(fx.store.revision_dir("spare", kSpare) / "config.json", "{}");
+  CHECK(state_of("spare") == "corrupt");
+  {
+    // While modeld links or unlinks files of its own, the list is the last walk's.
+    store::detail::Relinking relinking(fx.store, {});
+    fs::remove(fx.store.revision_dir("old", kOld) / "config.json");
+    CHECK(state_of("old") == "verified");
+  }
+  CHECK(state_of("old") == "corrupt");
+  CHECK(state_of("new") == "partial");
 }
 
 TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {
