@@ -153,6 +153,7 @@ struct Fixture {
   std::map<std::string, int> ready_waits;  // model -> readiness waits
   std::vector<nlohmann::json> phase_events, state_events;
   std::vector<std::pair<std::string, std::string>> texts;  ///< every SSE event: its name and data text
+  std::vector<deploy::Event> watcher_events;
   std::function<void(const nlohmann::json&)> on_phase;  // called at every "phase" event
   std::unique_ptr<deploy::Deployer> deployer;
 
@@ -266,7 +267,10 @@ struct Fixture {
   }
 
   void on_event(const deploy::Event& e) {
-    if (e.kind == deploy::EventKind::watcher) return;  // not on the SSE stream
+    if (e.kind == deploy::EventKind::watcher) {  // not on the SSE stream
+      watcher_events.push_back(e);
+      return;
+    }
     const std::string text = util::dump_json(deploy::event_json(e));
     texts.emplace_back(deploy::to_string(e.kind), text);
     auto j = nlohmann::json::parse(text);
@@ -631,6 +635,18 @@ TEST_CASE("models says verified, partial for a revision never verified and corru
   }
   CHECK(state_of("old") == "corrupt");
   CHECK(state_of("new") == "partial");
+}
+
+TEST_CASE("the model watcher's record changes reach listeners as watcher events") {
+  Fixture fx;
+  fx.boot();
+  REQUIRE(fx.run_until([&] { return !fx.watcher_events.empty(); }));
+  const auto& e = fx.watcher_events.back();
+  CHECK(e.model == "old");
+  CHECK(e.id.empty());
+  REQUIRE(e.watcher);
+  CHECK(e.watcher->model == "old");
+  CHECK(deploy::event_json(e)["watchdog"]["model"] == "old");
 }
 
 TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {
