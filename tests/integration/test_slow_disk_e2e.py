@@ -1,9 +1,10 @@
 """End to end, modeld on a disk that stalls: models_dir is a FUSE file system
 (tests/fixtures/slow_fs.py) mounted inside the test's namespaced systemd, mirroring a backing
-folder, whose unlink and rmdir of chosen paths wait until the test releases them. While
-`modelctl rm` is held there (and another model downloads), GET /v1/status, GET /v1/models and
-the SSE stream answer, and systemd keeps getting WATCHDOG=1: nothing on modeld's event loop
-waits for the disk. The test waits for conditions
+folder, whose unlink, rmdir and readdir of chosen paths wait until the test releases them.
+While `modelctl rm` is held there at an unlink (and another model downloads), GET /v1/status,
+GET /v1/models and the SSE stream answer, and systemd keeps getting WATCHDOG=1; held at a
+readdir, GET /v1/models waits on its own pool and the rest still flows: nothing on modeld's
+event loop waits for the disk. The test waits for conditions
 only (the hold is seen through the file system's control folder)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
 
 import pytest
@@ -68,8 +70,8 @@ def env(tmp_path_factory):
         e.stop()
 
 
-def get_json(env: ModeldEnv, path: str) -> dict:
-    status, _, body = env.api("GET", path)
+def get_json(env: ModeldEnv, path: str, timeout: float = 10) -> dict:
+    status, _, body = env.api("GET", path, timeout=timeout)
     assert status == 200, (path, status, body)
     return json.loads(body)
 
@@ -140,5 +142,48 @@ def test_status_models_events_and_watchdog_keep_flowing_while_an_rm_is_held_on_t
     listed = {m["name"]: m["state"] for m in get_json(env, "/v1/models")["models"]}
     assert listed["a"] == "absent", listed
     dep = wait_for("the cancelled deployment of c to end",
+                   lambda: (d := get_json(env, f"/v1/deployments/{dep_id}"))["state"] != "running" and d, timeout=120)
+    assert dep["state"] == "cancelled", dep
+
+
+def test_status_events_and_watchdog_keep_flowing_while_an_rms_walk_is_held_at_readdir(env):
+    """A listing of c's store folder stalls (rm walks it first): GET /v1/models, which walks the
+    store too, waits on its own pool, and nothing else waits with it."""
+    assert get_json(env, "/v1/status")["active"]["model"] == "b"
+    write_control(env.hub_control, throttle=64 * 1024)
+    r = env.modelctl("--json", "deploy", "a")
+    assert r.returncode == 0, r.stdout + r.stderr
+    dep_id = json.loads(r.stdout)["id"]
+    wait_for("a's download under way", lambda: downloading(env, dep_id), timeout=60)
+
+    control = env.slow_fs_control
+    (control / "hold-readdir").write_text("/.store/c\n")
+    rm = subprocess.Popen([str(env.modelctl_bin), "--socket", str(env.socket), "rm", "c"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    models: list[dict] = []
+    try:
+        wait_for("a listing of c's store folder to be held", lambda: (control / "held-readdir").exists(),
+                 timeout=60)
+        pet = watchdog_pet(env)
+        walk = threading.Thread(target=lambda: models.append(get_json(env, "/v1/models", timeout=300)), daemon=True)
+        walk.start()
+        status = get_json(env, "/v1/status")
+        assert status["deployment"]["id"] == dep_id and status["deployment"]["state"] == "running", status
+        events = SseClient(env.socket)
+        try:
+            assert next_progress(events, dep_id)["progress"]["bytes_done"] > 0
+        finally:
+            events.close()
+        wait_for("a watchdog pet after the hold began", lambda: watchdog_pet(env) > pet, timeout=3 * WATCHDOG_SEC)
+        assert (control / "held-readdir").exists() and rm.poll() is None, "the rm was not held throughout"
+        assert env.modelctl("cancel").returncode == 0
+    finally:
+        (control / "hold-readdir").unlink(missing_ok=True)
+        write_control(env.hub_control)
+    out, _ = rm.communicate(timeout=120)
+    assert rm.returncode == 0, out
+    wait_for("GET /v1/models to answer once the listing went on", lambda: models, timeout=60)
+    assert {m["name"] for m in models[0]["models"]} == {"a", "b", "c"}, models
+    dep = wait_for("the cancelled deployment of a to end",
                    lambda: (d := get_json(env, f"/v1/deployments/{dep_id}"))["state"] != "running" and d, timeout=120)
     assert dep["state"] == "cancelled", dep
