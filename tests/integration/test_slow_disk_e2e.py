@@ -97,93 +97,82 @@ def next_progress(events: SseClient, dep_id: str) -> dict:
             return data
 
 
+class HeldRm:
+    """While `download` downloads slowly (64 KiB/s per file), `modelctl rm victim` held by the
+    file system at its `kind` ("remove" or "readdir") of `paths`; ends by cancelling the download,
+    releasing the hold and checking that both end as they should."""
+
+    def __init__(self, env: ModeldEnv, download: str, victim: str, kind: str, paths: list[str]):
+        self.env, self.download, self.victim, self.kind, self.paths = env, download, victim, kind, paths
+        self.hold = env.slow_fs_control / f"hold-{kind}"
+        self.held = env.slow_fs_control / f"held-{kind}"
+
+    def __enter__(self) -> "HeldRm":
+        env = self.env
+        write_control(env.hub_control, throttle=64 * 1024)
+        r = env.modelctl("--json", "deploy", self.download)
+        assert r.returncode == 0, r.stdout + r.stderr
+        self.dep_id = json.loads(r.stdout)["id"]
+        wait_for(f"{self.download}'s download under way", lambda: downloading(env, self.dep_id), timeout=60)
+        self.hold.write_text("".join(p + "\n" for p in self.paths))
+        self.rm = subprocess.Popen([str(env.modelctl_bin), "--socket", str(env.socket), "rm", self.victim],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        wait_for(f"rm's {self.kind} to be held by the file system", self.held.exists, timeout=60)
+        self.pet = watchdog_pet(env)
+        return self
+
+    def loop_keeps_flowing(self) -> None:
+        """Status, the download's progress on a stream opened now (events made while the hold
+        lasts) and systemd's WATCHDOG=1 all come while the rm is held."""
+        env = self.env
+        status = get_json(env, "/v1/status")
+        assert status["deployment"]["id"] == self.dep_id and status["deployment"]["state"] == "running", status
+        events = SseClient(env.socket)
+        try:
+            assert next_progress(events, self.dep_id)["progress"]["bytes_done"] > 0
+        finally:
+            events.close()
+        wait_for("a watchdog pet after the hold began", lambda: watchdog_pet(env) > self.pet,
+                 timeout=3 * WATCHDOG_SEC)
+        assert self.held.exists() and self.rm.poll() is None, "the rm was not held throughout"
+
+    def __exit__(self, *exc) -> None:
+        env = self.env
+        try:
+            assert env.modelctl("cancel").returncode == 0
+        finally:
+            self.hold.unlink(missing_ok=True)
+            write_control(env.hub_control)
+        out, _ = self.rm.communicate(timeout=120)
+        assert self.rm.returncode == 0, out
+        dep = wait_for(f"the cancelled deployment of {self.download} to end",
+                       lambda: (d := get_json(env, f"/v1/deployments/{self.dep_id}"))["state"] != "running" and d,
+                       timeout=120)
+        assert dep["state"] == "cancelled", dep
+
+
 def test_status_models_events_and_watchdog_keep_flowing_while_an_rm_is_held_on_the_disk(env):
     env.deploy_and_wait("a")
     env.deploy_and_wait("b")
     models = {m["name"]: m for m in get_json(env, "/v1/models")["models"]}
     assert models["a"]["state"] == "verified" and not models["a"]["active"], models
-
-    # c downloads slowly (64 KiB/s per file) while a is deleted: progress events keep coming.
-    write_control(env.hub_control, throttle=64 * 1024)
-    r = env.modelctl("--json", "deploy", "c")
-    assert r.returncode == 0, r.stdout + r.stderr
-    dep_id = json.loads(r.stdout)["id"]
-    wait_for("c's download under way", lambda: downloading(env, dep_id), timeout=60)
-
-    control = env.slow_fs_control
-    # Only a's link and store folder: c's download goes on unhindered.
-    (control / "hold-remove").write_text("/a\n/.store/a\n")
-    rm = subprocess.Popen([str(env.modelctl_bin), "--socket", str(env.socket), "rm", "a"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for("rm's first unlink to be held by the file system", lambda: (control / "held-remove").exists(),
-                 timeout=60)
-        pet = watchdog_pet(env)
-        # The API answers from the event loop while the disk pool waits for the unlink.
-        status = get_json(env, "/v1/status")
-        assert status["active"]["model"] == "b" and status["deployment"]["id"] == dep_id, status
+    # Only a's link and store folder are held: c's download goes on unhindered.
+    with HeldRm(env, "c", "a", "remove", ["/a", "/.store/a"]) as held:
         listed = {m["name"]: m["state"] for m in get_json(env, "/v1/models")["models"]}
         assert listed["a"] == "verified", listed  # the list as of the last walk: rm has not ended
-        # A stream opened now gets c's progress: events made while the unlink is held.
-        events = SseClient(env.socket)
-        try:
-            assert next_progress(events, dep_id)["progress"]["bytes_done"] > 0
-        finally:
-            events.close()
-        # systemd keeps getting WATCHDOG=1 from the loop.
-        wait_for("a watchdog pet after the hold began", lambda: watchdog_pet(env) > pet, timeout=3 * WATCHDOG_SEC)
-        assert (control / "held-remove").exists() and rm.poll() is None, "the rm was not held throughout"
-        assert env.modelctl("cancel").returncode == 0
-    finally:
-        (control / "hold-remove").unlink(missing_ok=True)
-        write_control(env.hub_control)
-    out, _ = rm.communicate(timeout=120)
-    assert rm.returncode == 0, out
+        held.loop_keeps_flowing()
     listed = {m["name"]: m["state"] for m in get_json(env, "/v1/models")["models"]}
     assert listed["a"] == "absent", listed
-    dep = wait_for("the cancelled deployment of c to end",
-                   lambda: (d := get_json(env, f"/v1/deployments/{dep_id}"))["state"] != "running" and d, timeout=120)
-    assert dep["state"] == "cancelled", dep
 
 
 def test_status_events_and_watchdog_keep_flowing_while_an_rms_walk_is_held_at_readdir(env):
     """A listing of c's store folder stalls (rm walks it first): GET /v1/models, which walks the
     store too, waits on its own pool, and nothing else waits with it."""
     assert get_json(env, "/v1/status")["active"]["model"] == "b"
-    write_control(env.hub_control, throttle=64 * 1024)
-    r = env.modelctl("--json", "deploy", "a")
-    assert r.returncode == 0, r.stdout + r.stderr
-    dep_id = json.loads(r.stdout)["id"]
-    wait_for("a's download under way", lambda: downloading(env, dep_id), timeout=60)
-
-    control = env.slow_fs_control
-    (control / "hold-readdir").write_text("/.store/c\n")
-    rm = subprocess.Popen([str(env.modelctl_bin), "--socket", str(env.socket), "rm", "c"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     models: list[dict] = []
-    try:
-        wait_for("a listing of c's store folder to be held", lambda: (control / "held-readdir").exists(),
-                 timeout=60)
-        pet = watchdog_pet(env)
+    with HeldRm(env, "a", "c", "readdir", ["/.store/c"]) as held:
         walk = threading.Thread(target=lambda: models.append(get_json(env, "/v1/models", timeout=300)), daemon=True)
         walk.start()
-        status = get_json(env, "/v1/status")
-        assert status["deployment"]["id"] == dep_id and status["deployment"]["state"] == "running", status
-        events = SseClient(env.socket)
-        try:
-            assert next_progress(events, dep_id)["progress"]["bytes_done"] > 0
-        finally:
-            events.close()
-        wait_for("a watchdog pet after the hold began", lambda: watchdog_pet(env) > pet, timeout=3 * WATCHDOG_SEC)
-        assert (control / "held-readdir").exists() and rm.poll() is None, "the rm was not held throughout"
-        assert env.modelctl("cancel").returncode == 0
-    finally:
-        (control / "hold-readdir").unlink(missing_ok=True)
-        write_control(env.hub_control)
-    out, _ = rm.communicate(timeout=120)
-    assert rm.returncode == 0, out
+        held.loop_keeps_flowing()
     wait_for("GET /v1/models to answer once the listing went on", lambda: models, timeout=60)
     assert {m["name"] for m in models[0]["models"]} == {"a", "b", "c"}, models
-    dep = wait_for("the cancelled deployment of a to end",
-                   lambda: (d := get_json(env, f"/v1/deployments/{dep_id}"))["state"] != "running" and d, timeout=120)
-    assert dep["state"] == "cancelled", dep

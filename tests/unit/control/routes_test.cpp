@@ -4,8 +4,6 @@
 #include "control/routes.hpp"
 #include "unit/control/fake_engine.hpp"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -41,17 +39,7 @@ struct Members {
 Response call(FakeEngine& e, std::string method, std::string target, std::string body = {},
               const Peer& peer = member) {
   Members m;
-  const Access access = m.access();
-  boost::asio::io_context io;
-  std::optional<Response> out;
-  boost::asio::co_spawn(io, handle_async(Request{std::move(method), std::move(target), std::move(body)}, peer, e, access),
-                        [&](std::exception_ptr ex, Response r) {
-                          REQUIRE_FALSE(ex);
-                          out = std::move(r);
-                        });
-  io.run();
-  REQUIRE(out);
-  return *out;
+  return control::test::answer(e, Request{std::move(method), std::move(target), std::move(body)}, peer, m.access());
 }
 
 }  // namespace
