@@ -64,50 +64,39 @@ bool verification_error(std::string_view code) {
 }  // namespace
 
 void MetricsCollector::on_event(const deploy::Event& e) {
-  if (e.kind != "phase" && e.kind != "state" && e.kind != "progress") return;
-  auto j = nlohmann::json::parse(e.data_json, nullptr, false);
-  if (!j.is_object() || !j.contains("id") || !j["id"].is_string()) return;
-  const std::string id = j["id"].get<std::string>();
+  using deploy::EventKind;
+  if (e.kind == EventKind::watcher) return;
   const auto now = Clock::now();
   auto end_phase = [&](Tracked& t) {
     if (!t.phase.empty())
       counters_.phases[t.phase].observe(std::chrono::duration<double>(now - t.since).count());
   };
 
-  if (e.kind == "progress") {
+  if (e.kind == EventKind::progress) {
     // bytes_done counts what is on disk: every increase is written by the download (the bytes of
     // a resumed partial count when the download finds them). A decrease (a partial started over,
     // the final count of what reached the disk) moves the mark down without counting.
-    const auto p = j.find("progress");
-    if (p == j.end() || !p->is_object() || !p->contains("bytes_done") || !(*p)["bytes_done"].is_number_unsigned())
-      return;
-    const auto done = (*p)["bytes_done"].get<std::uint64_t>();
-    auto& t = running_[id];
+    const auto done = e.progress.bytes_done;
+    auto& t = running_[e.id];
     if (done > t.bytes_done) counters_.download_bytes += done - t.bytes_done;
     t.bytes_done = done;
     return;
   }
-  if (e.kind == "phase") {
-    if (!j.contains("phase") || !j["phase"].is_string()) return;
-    auto& t = running_[id];
+  if (e.kind == EventKind::phase) {
+    auto& t = running_[e.id];
     end_phase(t);
-    t.phase = j["phase"].get<std::string>();
+    t.phase = std::string(deploy::to_string(e.phase));
     t.since = now;
     return;
   }
   // state: a terminal state ends the current phase and counts the deployment.
-  if (!j.contains("state") || !j["state"].is_string()) return;
-  const std::string state = j["state"].get<std::string>();
-  if (state == "running") return;
-  if (auto it = running_.find(id); it != running_.end()) {
+  if (e.state == deploy::State::running) return;
+  if (auto it = running_.find(e.id); it != running_.end()) {
     end_phase(it->second);
     running_.erase(it);
   }
-  ++counters_.deployments[state];
-  if (const auto err = j.find("error"); err != j.end() && err->is_object() && err->contains("code") &&
-                                        (*err)["code"].is_string() &&
-                                        verification_error((*err)["code"].get<std::string>()))
-    ++counters_.verification_failures["deployment"];
+  ++counters_.deployments[std::string(deploy::to_string(e.state))];
+  if (e.error && verification_error(to_string(e.error->code))) ++counters_.verification_failures["deployment"];
 }
 
 void MetricsCollector::observe(const Request& request, const Response& response) {

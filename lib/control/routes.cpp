@@ -43,28 +43,12 @@ json active_json(const std::optional<deploy::Active>& a) {
               {"port", a->port},   {"since", a->since}};
 }
 
-template <typename T>
-json or_null(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-
 // GET /v1/status "watchdog": the active model's record, null when nothing watches it.
 json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Active>& active) {
   if (!active) return nullptr;
   auto all = engine.watchdogs();
   if (all.empty() || all.front().model != active->model) return nullptr;
-  const auto& w = all.front();
-  return json{{"model", w.model},
-              {"unit", w.unit},
-              {"state", w.state},
-              {"consecutive_failures", w.consecutive_failures},
-              {"restarts", w.restarts},
-              {"probe_failures", w.probe_failures},
-              {"last_restart_at", or_null(w.last_restart_at)},
-              {"last_restart_reason", or_null(w.last_restart_reason)},
-              {"last_probe_at", or_null(w.last_probe_at)},
-              {"last_probe_ok", or_null(w.last_probe_ok)},
-              {"last_probe_seconds", or_null(w.last_probe_seconds)}};
+  return deploy::to_json(all.front());
 }
 
 json model_json(const deploy::ModelInfo& m) {
@@ -202,11 +186,6 @@ Response get_status(deploy::Engine& engine) {
   return json_response(200, body);
 }
 
-Response get_models(deploy::Engine& engine) {
-  json list = json::array();
-  for (const auto& m : engine.models()) list.push_back(model_json(m));
-  return json_response(200, json{{"models", std::move(list)}});
-}
 
 Response list_deployments(std::string_view query, deploy::Engine& engine) {
   std::size_t limit = default_history_limit;
@@ -272,8 +251,12 @@ Response error_response(unsigned status, const Error& error) {
 }
 
 std::string sse_message(const deploy::Event& event) {
-  std::string out = fmt::format("event: {}\n", event.kind);
-  std::string_view data = event.data_json;
+  if (event.kind == deploy::EventKind::watcher) return {};
+  return sse_frame(deploy::to_string(event.kind), util::dump_json(deploy::event_json(event)));
+}
+
+std::string sse_frame(std::string_view kind, std::string_view data) {
+  std::string out = fmt::format("event: {}\n", kind);
   // A line break inside the payload would end the data field early; each line gets its own
   // "data:" and the client joins them with '\n' again.
   for (;;) {
@@ -463,10 +446,6 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!get) return method_not_allowed(req, path, "GET");
     return get_status(engine);
   }
-  if (parts.size() == 2 && what == "models") {
-    if (!get) return method_not_allowed(req, path, "GET");
-    return get_models(engine);
-  }
   if (parts.size() == 2 && what == "events") {
     if (!get) return method_not_allowed(req, path, "GET");
     Response r;
@@ -580,6 +559,13 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
   std::string_view target = req.target;
   std::string_view path = target.substr(0, target.find('?'));
   std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
+  if (const auto parts = split_path(path); parts.size() == 2 && parts[0] == "v1" && parts[1] == "models") {
+    if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
+    const auto models = co_await engine.models();
+    json list = json::array();
+    for (const auto& m : models) list.push_back(model_json(m));
+    co_return json_response(200, json{{"models", std::move(list)}});
+  }
   auto route = model_route(path);
   if (!route) co_return handle(req, peer, engine, access);
   // Copies, not a structured binding: GCC 12 keeps a binding out of the coroutine frame.

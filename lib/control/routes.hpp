@@ -70,7 +70,8 @@ Response handle(const Request& request, const Peer& peer, deploy::Engine& engine
 class HubReads;
 
 /// Answers one request like handle(), and also the routes whose work takes time and runs
-/// through the engine's coroutines: GET /v1/models/{name}/plan[?allow_downtime=true] (read),
+/// through the engine's coroutines: GET /v1/models (the store walk, off the event loop),
+/// GET /v1/models/{name}/plan[?allow_downtime=true] (read),
 /// POST /v1/models/{name}/verify and DELETE /v1/models/{name} (mutating: root and control.group
 /// only). The server calls this; handle() alone answers those routes 404. With `hub_reads`, a
 /// plan beyond the peer's share of it is answered 429 too_many_requests (Retry-After: 1).
@@ -90,9 +91,13 @@ unsigned http_status(Errc code) noexcept;
 /// An error response: `status` with body {"error": {"code", "message"}}.
 Response error_response(unsigned status, const Error& error);
 
-/// Formats one SSE message: "event: KIND\ndata: JSON\n\n" (a multi-line payload becomes
-/// several data: lines, as the SSE format requires).
+/// Formats one SSE message: sse_frame of the event's name and deploy::event_json's text; empty
+/// for a watcher event, which the stream does not carry.
 std::string sse_message(const deploy::Event& event);
+
+/// Frames one SSE message: "event: KIND\ndata: DATA\n\n" (a multi-line payload becomes several
+/// data: lines, as the SSE format requires).
+std::string sse_frame(std::string_view kind, std::string_view data);
 
 struct MetricCounters;
 

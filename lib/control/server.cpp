@@ -433,7 +433,7 @@ asio::awaitable<void> Server::Impl::stream_events(std::shared_ptr<Conn> conn) {
   // Subscribe before the answer's head goes out: a client that has read the head has every
   // later event coming.
   const auto token = engine.subscribe([queue, max_lag](const deploy::Event& e) {
-    if (queue->closed || queue->overflow) return;
+    if (queue->closed || queue->overflow || e.kind == deploy::EventKind::watcher) return;
     if (queue->messages.size() >= max_lag) {
       queue->overflow = true;
       queue->messages.clear();

@@ -86,7 +86,14 @@ Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
 Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog)
     : io_(io), services_(std::move(services)), states_(states) {
   watcher_ = std::make_unique<ModelWatcher>(io_, services_, std::move(watchdog));
-  watcher_->on_change([this] { announce_status(); });
+  watcher_->on_change([this](const WatchdogStatus& w) {
+    announce_status();
+    Event e;
+    e.kind = EventKind::watcher;
+    e.model = w.model;
+    e.watcher = w;
+    publish(e);
+  });
 }
 
 Deployer::~Deployer() = default;
@@ -453,7 +460,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
       if (owns_service(d, p) && watcher_->running()) co_await watcher_->stop();
       d.phase = p;
       persist(d);
-      emit("phase", d);
+      emit(EventKind::phase, d);
       announce_status();
       auto res = co_await run_phase(r, p);
       if (shutting_down_) {
@@ -514,7 +521,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) 
   if (watcher_->running()) co_await watcher_->stop();
   d.phase = Phase::rolling_back;
   persist(d);
-  emit("phase", d);
+  emit(EventKind::phase, d);
   announce_status();
   asio::cancellation_signal never;
   auto [ex, res] = co_await asio::co_spawn(io_, run_rolling_back(r.services, *r.run),
@@ -559,7 +566,7 @@ void Deployer::finish(Running& r, State state, std::optional<Error> error) {
   }
   history_.push_front(d);
   while (history_.size() > 200) history_.pop_back();
-  emit("state", d);
+  emit(EventKind::state, d);
   running_.reset();
   // Whatever serves now is watched again, except after a failed rollback: then nothing known to
   // work serves, and a loop of restarts would only hide that from the operator.
@@ -572,16 +579,9 @@ void Deployer::persist(const Deployment& d) {
     sys::logf(sys::Level::error, "cannot record deployment {}: {}", d.id, r.error().message);
 }
 
-void Deployer::emit(const std::string& kind, const Deployment& d) {
-  nlohmann::json j{{"id", d.id}, {"model", d.model}};
-  if (kind == "phase") j["phase"] = std::string(to_string(d.phase));
-  if (kind == "state") {
-    j["state"] = std::string(to_string(d.state));
-    j["phase"] = std::string(to_string(d.phase));
-    j["error"] = d.error ? error_json(*d.error) : nlohmann::json(nullptr);
-  }
-  if (kind == "progress") j["progress"] = to_json(d)["progress"];
-  Event e{kind, util::dump_json(j)};
+void Deployer::emit(EventKind kind, const Deployment& d) { publish(deployment_event(kind, d)); }
+
+void Deployer::publish(const Event& e) {
   // Copy first: a listener may unsubscribe itself while being called.
   auto ls = listeners_;
   for (auto& [_, l] : ls) l(e);
@@ -605,7 +605,7 @@ void Deployer::on_progress(Running& r, const fetch::Progress& p) {
       fp.eta_s = static_cast<double>(f.bytes_total - f.bytes_done) / f.rate_bytes_per_s;
     d.progress.files.push_back(std::move(fp));
   }
-  emit("progress", d);
+  emit(EventKind::progress, d);
   auto now = Clock::now();
   if (now - r.last_status >= std::chrono::seconds(1)) {
     r.last_status = now;
@@ -718,9 +718,65 @@ Result<Deployment> Deployer::cancel(const std::string& id) {
   return d;
 }
 
-std::vector<ModelInfo> Deployer::models() const {
+namespace {
+
+// What a walk of the store found of one model: its size, the revision GET /v1/models reports (the
+// linked one, else the newest) and that revision's state.
+struct DiskModel {
+  std::uint64_t size_bytes = 0;
+  std::optional<std::string> commit;
+  std::string state = "partial";
+};
+
+// Walks the store: every model on disk. Blocks (readdir, a stat per file).
+std::map<std::string, DiskModel> models_on_disk(const store::Store& st) {
+  std::map<std::string, DiskModel> out;
+  for (const auto& s : st.list()) {
+    DiskModel m;
+    m.size_bytes = s.size_bytes;
+    m.commit = s.linked_commit;
+    if (!m.commit && !s.commits.empty()) m.commit = s.commits.back();
+    if (m.commit) {
+      const auto check = st.check_manifest(s.name, *m.commit);
+      if (check == store::ManifestCheck::matches) m.state = "verified";
+      if (check == store::ManifestCheck::changed) m.state = "corrupt";
+    }
+    out[s.name] = std::move(m);
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Deployer::DiskModels {
+  std::map<std::string, DiskModel> by_name;
+};
+
+asio::awaitable<Result<std::shared_ptr<const Deployer::DiskModels>>> Deployer::walk_store() {
+  const auto& st = services_.store;
+  auto settled = co_await util::on_pool<std::optional<DiskModels>>(status_pool_, [&st]() -> std::optional<DiskModels> {
+    DiskModels d;
+    if (st.read_if_settled([&] { d.by_name = models_on_disk(st); })) return d;
+    return std::nullopt;
+  });
+  if (settled) {
+    last_walk_ = std::make_shared<const DiskModels>(std::move(*settled));
+    co_return last_walk_;
+  }
+  // modeld links or deletes files now (on the disk pool, perhaps for long): the last walk's list.
+  if (last_walk_) co_return last_walk_;
+  auto now = co_await util::on_pool<DiskModels>(status_pool_, [&st] { return DiskModels{models_on_disk(st)}; });
+  co_return std::make_shared<const DiskModels>(std::move(now));
+}
+
+asio::awaitable<std::vector<ModelInfo>> Deployer::models() {
+  auto disk = co_await walks_.run("store", [this] { return walk_store(); });
+  static const DiskModels none;
+  co_return model_list(disk ? **disk : none);
+}
+
+std::vector<ModelInfo> Deployer::model_list(const DiskModels& disk) const {
   std::vector<ModelInfo> out;
-  auto stored = services_.store.list();
   for (const auto& [name, m] : services_.config->models) {
     ModelInfo i;
     i.name = name;
@@ -730,14 +786,10 @@ std::vector<ModelInfo> Deployer::models() const {
     i.active = state_.active && state_.active->model == name;
     if (auto la = state_.last_active.find(name); la != state_.last_active.end()) i.last_active = la->second;
     i.state = "absent";
-    for (const auto& s : stored) {
-      if (s.name != name) continue;
-      i.size_bytes = s.size_bytes;
-      std::optional<std::string> commit = s.linked_commit;
-      if (!commit && !s.commits.empty()) commit = s.commits.back();
-      i.commit = commit;
-      i.state = "partial";
-      if (commit && services_.store.manifest_still_matches(name, *commit)) i.state = "verified";
+    if (auto s = disk.by_name.find(name); s != disk.by_name.end()) {
+      i.size_bytes = s->second.size_bytes;
+      i.commit = s->second.commit;
+      i.state = s->second.state;
     }
     out.push_back(std::move(i));
   }

@@ -12,6 +12,7 @@
 
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include <chrono>
 #include <deque>
@@ -76,7 +77,14 @@ class Deployer final : public Engine {
   Result<Deployment> get(const std::string& id) const override;
   Result<Deployment> start(const std::string& model, bool allow_downtime) override;
   Result<Deployment> cancel(const std::string& id) override;
-  std::vector<ModelInfo> models() const override;
+  /// Walks the store on a pool of its own (one thread, never the disk pool, so a long deletion
+  /// there cannot delay it; concurrent calls share one walk), then fills in the configuration and
+  /// the daemon state on the event loop. While modeld itself links or deletes files (an rm, an
+  /// eviction, the clean-up of old revisions: Store::read_if_settled), it answers the list as of
+  /// the last walk instead of waiting for that to end. Only a stalled disk delays it (readdir,
+  /// stat), and never the event loop. A revision never verified is "partial", one whose files no
+  /// longer match its manifest "corrupt".
+  boost::asio::awaitable<std::vector<ModelInfo>> models() override;
   boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime) override;
   boost::asio::awaitable<Result<VerifyReport>> verify(std::string model) override;
   boost::asio::awaitable<Result<Removal>> remove(std::string model) override;
@@ -97,7 +105,9 @@ class Deployer final : public Engine {
   void begin(Deployment d, Phase first);
   void finish(Running& r, State state, std::optional<Error> error);
   void persist(const Deployment& d);
-  void emit(const std::string& kind, const Deployment& d);
+  void emit(EventKind kind, const Deployment& d);
+  // Calls every listener with `e`.
+  void publish(const Event& e);
   void announce_status();
   void watch_active(bool wait_ready_first);
   // After `modelctl verify` found the files of `model` at `commit` intact: when that revision is
@@ -110,6 +120,12 @@ class Deployer final : public Engine {
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
+  // What one walk of the store found (models()).
+  struct DiskModels;
+  // One walk of the store on status_pool_, or the last one while modeld's own links or unlinks run.
+  boost::asio::awaitable<Result<std::shared_ptr<const DiskModels>>> walk_store();
+  // The configured models with what `disk` found of them; on the event loop, never blocks.
+  std::vector<ModelInfo> model_list(const DiskModels& disk) const;
   // The dry run of plan() for model `m` of the configuration plan() holds while it runs.
   boost::asio::awaitable<Result<PlanReport>> plan_now(const config::ModelConfig& m, bool allow_downtime);
 
@@ -134,6 +150,11 @@ class Deployer final : public Engine {
   std::optional<std::string> interrupted_;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  /// The store walks of models(): one at a time, shared by concurrent callers, the last one kept.
+  util::SingleFlight<std::shared_ptr<const DiskModels>> walks_;
+  std::shared_ptr<const DiskModels> last_walk_;
+  /// Runs models()'s store walks, apart from the disk pool's long jobs (hashing, deletions).
+  boost::asio::thread_pool status_pool_{1};
   /// Watches the active model while no deployment owns its service; declared last so it goes first.
   std::unique_ptr<ModelWatcher> watcher_;
 };

@@ -74,6 +74,16 @@ nlohmann::json files_json(const std::vector<FileProgress>& files) {
 
 }  // namespace
 
+nlohmann::json to_json(const Progress& p) {
+  return {{"bytes_done", p.bytes_done},
+          {"bytes_total", p.bytes_total},
+          {"files_done", p.files_done},
+          {"files_total", p.files_total},
+          {"rate_bytes_per_s", p.rate_bytes_per_s},
+          {"eta_s", opt(p.eta_s)},
+          {"files", files_json(p.files)}};
+}
+
 nlohmann::json to_json(const Deployment& d, bool internal) {
   nlohmann::json j{
       {"id", d.id},
@@ -82,14 +92,7 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
       {"allow_downtime", d.allow_downtime},
       {"phase", std::string(to_string(d.phase))},
       {"state", std::string(to_string(d.state))},
-      {"progress",
-       {{"bytes_done", d.progress.bytes_done},
-        {"bytes_total", d.progress.bytes_total},
-        {"files_done", d.progress.files_done},
-        {"files_total", d.progress.files_total},
-        {"rate_bytes_per_s", d.progress.rate_bytes_per_s},
-        {"eta_s", opt(d.progress.eta_s)},
-        {"files", files_json(d.progress.files)}}},
+      {"progress", to_json(d.progress)},
       {"error", d.error ? error_json(*d.error) : nlohmann::json(nullptr)},
       {"started_at", d.started_at},
       {"finished_at", opt(d.finished_at)},

@@ -81,6 +81,9 @@ struct Deployment {
   bool ended() const { return state != State::running; }
 };
 
+/// The API's "progress" object of a DEPLOYMENT.
+nlohmann::json to_json(const Progress& p);
+
 /// The API's DEPLOYMENT object (internal bookkeeping fields left out unless `internal`).
 nlohmann::json to_json(const Deployment& d, bool internal = false);
 

@@ -6,12 +6,14 @@
 #include "util/error.hpp"
 
 #include <boost/asio/awaitable.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace modeld::deploy {
@@ -34,13 +36,6 @@ struct ModelInfo {
   bool active = false;
   bool pinned = false;
   std::optional<std::string> last_active;  ///< RFC 3339
-};
-
-/// An event for the SSE stream: kind is "phase", "progress" or "state"; data holds at least
-/// id, model and the new phase, progress or state.
-struct Event {
-  std::string kind;
-  std::string data_json;
 };
 
 /// A model that a plan would delete to make room, in the order it would go.
@@ -119,6 +114,39 @@ struct WatchdogStatus {
   std::optional<double> last_probe_seconds;  ///< how long the last probe took, in seconds
 };
 
+/// What an Event reports: a deployment entered a phase, made download progress or changed
+/// state (the SSE stream's "phase", "progress" and "state"), or the model watcher's record of the
+/// active model changed ("watcher": not sent on the SSE stream, which the contract fixes).
+enum class EventKind { phase, progress, state, watcher };
+
+/// The SSE event name of `k`: "phase", "progress", "state" or "watcher".
+std::string_view to_string(EventKind k) noexcept;
+
+/// One event of the engine, as fields; JSON is made only where it leaves the daemon (event_json).
+struct Event {
+  EventKind kind = EventKind::phase;
+  std::string id;     ///< the deployment's id; empty for watcher events
+  std::string model;  ///< the deployment's model, or the watched model
+  /// phase: the phase begun; progress: the phase the progress belongs to; state: the phase the
+  /// deployment is in (or ended in).
+  Phase phase = Phase::planning;
+  State state = State::running;   ///< state events: the new state
+  std::optional<Error> error;     ///< state events: why it failed, was cancelled or rolled back
+  Progress progress;              ///< progress events: the download's progress
+  std::optional<WatchdogStatus> watcher;  ///< watcher events: the model watcher's record now
+};
+
+/// The watchdog record as GET /v1/status's "watchdog" shows it (interface.md).
+nlohmann::json to_json(const WatchdogStatus& w);
+
+/// The event `kind` of deployment `d`, its fields copied from the record.
+Event deployment_event(EventKind kind, const Deployment& d);
+
+/// The SSE stream's data of a phase, progress or state event, as the contract fixes it:
+/// {id, model, phase}, {id, model, progress} or {id, model, state, phase, error}; a watcher
+/// event gives {model, watchdog} (the record as GET /v1/status's "watchdog" has it, never sent).
+nlohmann::json event_json(const Event& e);
+
 /// What the control plane may ask of the deployment engine. All calls happen on the
 /// io_context thread.
 class Engine {
@@ -136,8 +164,9 @@ class Engine {
   virtual Result<Deployment> start(const std::string& model, bool allow_downtime) = 0;
   /// Requests cancellation; not_found, deployment_ended.
   virtual Result<Deployment> cancel(const std::string& id) = 0;
-  /// Configured models with their on-disk state.
-  virtual std::vector<ModelInfo> models() const = 0;
+  /// Configured models with their on-disk state; the store walk runs off the event loop (an
+  /// engine answers without waiting behind its own disk work: see Deployer::models).
+  virtual boost::asio::awaitable<std::vector<ModelInfo>> models() = 0;
   /// Dry run of planning and freeing_disk for `model`: lists the Hub, changes nothing on disk.
   /// Errors: unknown_model; the Hub's (hub_not_found, hub_unavailable, network_error, ...,
   /// messages naming the repository); plan_invalid for filters that drop needed files; io_error.

@@ -64,7 +64,8 @@ std::uint64_t bytes_still_needed(Services& s, const Run& run) {
 
 boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   const auto& cfg = *s.config;
-  const std::uint64_t need = bytes_still_needed(s, run);
+  // A walk of the partial downloads, statvfs and a walk of the store: on the disk pool.
+  const std::uint64_t need = co_await util::on_pool<std::uint64_t>(s.disk_pool, [&] { return bytes_still_needed(s, run); });
 
   if (need == 0) {
     sys::logf(sys::Level::info, run.fields(), "nothing to free: no bytes left to download");
@@ -73,7 +74,9 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   std::optional<std::string> active;
   if (run.previous) active = run.previous->model;
   // The active model is evicted only when planning put stopping_old first (allow_downtime).
-  auto planned = plan_freeing_disk(s, need, run.model.name, active, run.last_active, run.record.downtime_first);
+  auto planned = co_await util::on_pool<Result<store::DiskPlan>>(s.disk_pool, [&] {
+    return plan_freeing_disk(s, need, run.model.name, active, run.last_active, run.record.downtime_first);
+  });
   if (!planned) co_return planned.error();
   const auto& plan = *planned;
   const std::uint64_t* free = &plan.bytes_free;
@@ -83,7 +86,8 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
     // Say so when evicting the model in service would make room: the operator decides.
     std::string hint;
     if (active && !run.record.downtime_first) {
-      auto with_active = plan_freeing_disk(s, need, run.model.name, active, run.last_active, true);
+      auto with_active = co_await util::on_pool<Result<store::DiskPlan>>(
+          s.disk_pool, [&] { return plan_freeing_disk(s, need, run.model.name, active, run.last_active, true); });
       if (with_active && with_active->fits)
         hint = fmt::format("; it fits if the active model {} is evicted: deploy with --allow-downtime (no rollback "
                            "is possible then)",

@@ -55,7 +55,9 @@ asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, Run& run,
   auto snap = co_await snapshot(s);
   if (!snap) co_return snap.error();
   if (!*snap) co_return Result<void>{};  // no NVIDIA driver: nothing to wait for
-  const auto before = compare ? read_baseline(s, run) : std::nullopt;
+  std::optional<gpu::Baseline> before;
+  if (compare)
+    before = co_await util::on_pool<std::optional<gpu::Baseline>>(s.disk_pool, [&] { return read_baseline(s, run); });
   if (before) {
     auto last_note = std::chrono::steady_clock::now();
     std::vector<gpu::Excess> excess;
@@ -86,7 +88,9 @@ asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, Run& run,
               (*snap)->gpus.size());
   }
   // No model server runs now: this is what "back" means after the next stop.
-  if (auto w = util::write_file_atomically(baseline_path(s), util::dump_json(gpu::to_json(gpu::baseline_of(**snap)), 1));
+  const std::string baseline = util::dump_json(gpu::to_json(gpu::baseline_of(**snap)), 1);
+  if (auto w = co_await util::on_pool<Result<void>>(
+          s.disk_pool, [&] { return util::write_file_atomically(baseline_path(s), baseline); });
       !w)
     sys::logf(sys::Level::warning, run.fields(), "cannot record the GPU baseline: {}", w.error().message);
   co_return Result<void>{};

@@ -16,7 +16,8 @@ namespace modeld::deploy {
 inline constexpr std::uint64_t kGpuSlackBytes = 256ull << 20;
 
 /// After the old model's service is gone (`compare`): waits until every GPU's used memory is back
-/// at the recorded baseline (NVML polled on the disk pool every 500 ms) until `deadline`; then,
+/// at the recorded baseline (NVML polled on the disk pool every 500 ms; the baseline file read
+/// and written there too, never on the event loop) until `deadline`; then,
 /// and also when nothing was stopped (`compare` false), records a fresh baseline. Without NVML
 /// (no GPU) it does nothing; without a recorded baseline it only records one. stop_timeout naming
 /// each GPU still above its baseline and the processes holding it.

@@ -99,7 +99,8 @@ WatchdogStatus& ModelWatcher::record(const std::string& model) {
 }
 
 void ModelWatcher::changed() {
-  if (on_change_) on_change_();
+  if (!on_change_) return;
+  if (auto it = records_.find(current_); it != records_.end()) on_change_(it->second);
 }
 
 void ModelWatcher::start(const std::string& model, bool wait_ready_first) {

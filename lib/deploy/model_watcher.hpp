@@ -73,9 +73,9 @@ class ModelWatcher {
   /// cancel(), then waits until the watch coroutine has ended. Never throws.
   boost::asio::awaitable<void> stop();
 
-  /// Called on the io thread whenever a record changes (state, counters), e.g. to refresh
-  /// sd_notify STATUS=.
-  void on_change(std::function<void()> f) { on_change_ = std::move(f); }
+  /// Called on the io thread with the watched model's record whenever it changes (state,
+  /// counters), e.g. to refresh sd_notify STATUS= and send the engine's watcher event.
+  void on_change(std::function<void(const WatchdogStatus&)> f) { on_change_ = std::move(f); }
 
   /// Whether the watch coroutine runs.
   bool running() const { return running_; }
@@ -108,7 +108,7 @@ class ModelWatcher {
   std::string current_;  ///< the model watched now or last
   std::map<std::string, WatchdogStatus> records_;
   std::shared_ptr<WatchRun> run_;  ///< the current or last watch
-  std::function<void()> on_change_;
+  std::function<void(const WatchdogStatus&)> on_change_;
   /// Completion handlers of stop() calls waiting for the coroutine to end.
   std::vector<std::function<void()>> on_stopped_;
 };

@@ -118,14 +118,26 @@ Result<void> Store::write_manifest(const std::string& name, const Manifest& mani
 }
 
 bool Store::manifest_still_matches(const std::string& name, const std::string& commit) const {
+  return check_manifest(name, commit) == ManifestCheck::matches;
+}
+
+ManifestCheck Store::check_manifest(const std::string& name, const std::string& commit) const {
   auto m = read_manifest(name, commit);
-  if (!m || !*m || (*m)->commit != commit) return false;
+  if (m && !*m) return ManifestCheck::absent;
+  if (!m || (*m)->commit != commit) return ManifestCheck::changed;
   const auto dir = revision_dir(name, commit);
   for (const auto& f : (*m)->files) {
-    if (!util::safe_relative_path(f.path)) return false;
+    if (!util::safe_relative_path(f.path)) return ManifestCheck::changed;
     auto id = identity_of(dir / f.path);
-    if (!id || *id != f.identity || id->size != f.size) return false;
+    if (!id || *id != f.identity || id->size != f.size) return ManifestCheck::changed;
   }
+  return ManifestCheck::matches;
+}
+
+bool Store::read_if_settled(const std::function<void()>& read) const {
+  std::shared_lock settled(relinking_, std::try_to_lock);
+  if (!settled.owns_lock()) return false;
+  read();
   return true;
 }
 

@@ -204,7 +204,6 @@ Result<std::uint64_t> Store::remove_model(const std::string& name) {
     if (!S_ISLNK(st.st_mode))
       return make_error(Errc::io_error,
                         fmt::format("{}: not a link made by modeld; left alone, nothing deleted", link.string()));
-    if (::unlink(link.c_str()) != 0) return util::errno_error(errno, link, "remove link");
   } else if (errno != ENOENT) {
     return util::errno_error(errno, link, "stat");
   }
@@ -213,8 +212,10 @@ Result<std::uint64_t> Store::remove_model(const std::string& name) {
   std::set<detail::InodeKey> seen;
   std::uint64_t freed = is_real_directory(dir) ? detail::tree_bytes(dir, seen) : 0;
   // Files other models share by hard link (an adoption from this model's store) keep their
-  // manifests true.
+  // manifests true. Held from the first unlink (the link's) on, so read_if_settled readers never
+  // walk models_dir while this deletion may wait on the disk.
   detail::Relinking relinking(*this, seen, [&](const std::string& n, const std::string&) { return n == name; });
+  if (::unlink(link.c_str()) != 0 && errno != ENOENT) return util::errno_error(errno, link, "remove link");
   std::error_code ec;
   // remove_all deletes a symlink itself, never what it points to.
   fs::remove_all(dir, ec);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -119,6 +120,13 @@ struct Adoption {
   std::uint64_t adopted_bytes = 0;
 };
 
+/// What checking a revision against its manifest found (Store::check_manifest).
+enum class ManifestCheck {
+  absent,   ///< no manifest: the revision was never verified
+  matches,  ///< every file still has its recorded identity and size
+  changed,  ///< verified once, but a file changed or is gone, or the manifest cannot be read
+};
+
 /// The store under one models_dir.
 class Store {
  public:
@@ -148,6 +156,17 @@ class Store {
   /// Whether the revision has a manifest whose every file still has its recorded identity
   /// (no hashing: a stat per file, never waits; may see a link or unlink of modeld's own half-way).
   bool manifest_still_matches(const std::string& name, const std::string& commit) const;
+
+  /// The revision against its manifest, telling a revision never verified (absent) from one that
+  /// was and no longer matches (changed); the same stats as manifest_still_matches, which is
+  /// check_manifest() == matches. Blocks (reads the manifest, a stat per file).
+  ManifestCheck check_manifest(const std::string& name, const std::string& commit) const;
+
+  /// Runs `read` (store reads: list(), check_manifest()) holding the relinking lock shared, so it
+  /// never sees a link or unlink of modeld's own half-way, and returns true; when such an operation
+  /// runs now (an rm, an eviction, a clean-up of old revisions, planning's links), returns false at
+  /// once without running `read`. Blocks for as long as `read` does.
+  bool read_if_settled(const std::function<void()>& read) const;
 
   /// manifest_still_matches once every link or unlink of modeld's own in progress in this store
   /// (and the re-recording of the ctimes it changed) has finished; blocks: call it on the disk pool.

@@ -160,6 +160,30 @@ def test_verify_finds_a_deleted_shard_and_names_it(env):
     assert env.modelctl("verify", "model-a").returncode == 0
 
 
+def model_state(env: ModeldEnv, name: str) -> str:
+    r = env.modelctl("--json", "models")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return next(m["state"] for m in json.loads(r.stdout)["models"] if m["name"] == name)
+
+
+def test_models_says_corrupt_once_a_verified_models_shard_changed_until_verify_finds_it_intact(env):
+    assert model_state(env, "model-a") == "verified"
+    path = shard(env, "model-a", 1, 3)
+    saved = env.workdir / "saved-1.safetensors"
+    shutil.copy2(path, saved)
+    path.unlink()
+    try:
+        assert model_state(env, "model-a") == "corrupt"
+        r = env.modelctl("models")
+        assert r.returncode == 0 and "corrupt" in r.stdout, r.stdout + r.stderr
+    finally:
+        shutil.copy2(saved, path)
+    # The same bytes in another file: not the file that was verified, until verify hashes it.
+    assert model_state(env, "model-a") == "corrupt"
+    assert env.modelctl("verify", "model-a").returncode == 0
+    assert model_state(env, "model-a") == "verified"
+
+
 def restart_modeld(env: ModeldEnv) -> int:
     """Restarts modeld and waits for its socket; returns how many modeld journal lines came before."""
     seen = len(env.journal("SYSLOG_IDENTIFIER=modeld"))

@@ -5,12 +5,15 @@
 #include "deploy/engine.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <memory>
+#include <optional>
 
 #include <string_view>
 
@@ -90,7 +93,7 @@ class FakeEngine : public deploy::Engine {
     }
     return make_error(Errc::not_found, "no deployment " + id);
   }
-  std::vector<deploy::ModelInfo> models() const override { return configured; }
+  boost::asio::awaitable<std::vector<deploy::ModelInfo>> models() override { co_return configured; }
   boost::asio::awaitable<Result<deploy::PlanReport>> plan(std::string model, bool allow_downtime) override {
     asked.push_back("plan " + model + (allow_downtime ? " true" : " false"));
     if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
@@ -132,6 +135,19 @@ class FakeEngine : public deploy::Engine {
  private:
   std::uint64_t next_token = 1;
 };
+
+/// Answers `request` for `peer` through handle_async() on an io_context of its own.
+inline Response answer(FakeEngine& e, Request request, const Peer& peer, const Access& access) {
+  boost::asio::io_context io;
+  std::optional<Response> out;
+  boost::asio::co_spawn(io, handle_async(std::move(request), peer, e, access), [&](std::exception_ptr ex, Response r) {
+    REQUIRE_FALSE(ex);
+    out = std::move(r);
+  });
+  io.run();
+  REQUIRE(out);
+  return *out;
+}
 
 /// The JSON body of a response (which must say application/json).
 inline nlohmann::json body_of(const Response& r) {

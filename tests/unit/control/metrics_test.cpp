@@ -34,18 +34,34 @@ namespace asio = boost::asio;
 namespace {
 
 deploy::Event phase(const std::string& id, const std::string& p) {
-  return {"phase", fmt::format(R"({{"id":"{}","model":"llama","phase":"{}"}})", id, p)};
+  deploy::Event e;
+  e.kind = deploy::EventKind::phase;
+  e.id = id;
+  e.model = "llama";
+  e.phase = *deploy::phase_from_string(p);
+  return e;
 }
 
 deploy::Event progress(const std::string& id, std::uint64_t done) {
-  return {"progress", fmt::format(R"({{"id":"{}","model":"llama","progress":{{"bytes_done":{},"bytes_total":1000}}}})",
-                                  id, done)};
+  deploy::Event e;
+  e.kind = deploy::EventKind::progress;
+  e.id = id;
+  e.model = "llama";
+  e.phase = deploy::Phase::downloading;
+  e.progress.bytes_done = done;
+  e.progress.bytes_total = 1000;
+  return e;
 }
 
 deploy::Event ended(const std::string& id, const std::string& state, const std::string& code = "") {
-  std::string error = code.empty() ? "null" : fmt::format(R"({{"code":"{}","message":"x"}})", code);
-  return {"state", fmt::format(R"({{"id":"{}","model":"llama","state":"{}","phase":"verifying","error":{}}})", id,
-                               state, error)};
+  deploy::Event e;
+  e.kind = deploy::EventKind::state;
+  e.id = id;
+  e.model = "llama";
+  e.phase = deploy::Phase::verifying;
+  e.state = *deploy::state_from_string(state);
+  if (!code.empty()) e.error = make_error(errc_from_string(code), "x");
+  return e;
 }
 
 // The value of the sample line that starts with `series` ("name{labels}"), or -1 when none.
@@ -184,6 +200,19 @@ TEST_CASE("the download rate is the running deployment's while it downloads, els
   CHECK(sample(metrics_text(e, none), "modeld_download_rate_bytes_per_second") == 0);
   e.deployments.front().state = deploy::State::failed;
   CHECK(sample(metrics_text(e, none), "modeld_deployment_running") == 0);
+}
+
+TEST_CASE("the model watcher's events count no deployment, phase or byte") {
+  FakeEngine e;
+  MetricsCollector c(e);
+  deploy::Event w;
+  w.kind = deploy::EventKind::watcher;
+  w.model = "llama";
+  w.watcher = deploy::WatchdogStatus{};
+  e.emit(w);
+  CHECK(c.counters().deployments.empty());
+  CHECK(c.counters().phases.empty());
+  CHECK(c.counters().download_bytes == 0);
 }
 
 TEST_CASE("configuration reloads are counted by result with the last one's outcome") {

@@ -33,17 +33,7 @@ Access members_only() {
 }
 
 Response call(FakeEngine& e, std::string method, std::string target, const Peer& peer = member) {
-  boost::asio::io_context io;
-  std::optional<Response> out;
-  const Access access = members_only();
-  boost::asio::co_spawn(io, handle_async(Request{std::move(method), std::move(target), {}}, peer, e, access),
-                        [&](std::exception_ptr ex, Response r) {
-                          REQUIRE_FALSE(ex);
-                          out = std::move(r);
-                        });
-  io.run();
-  REQUIRE(out);
-  return *out;
+  return control::test::answer(e, Request{std::move(method), std::move(target), {}}, peer, members_only());
 }
 
 

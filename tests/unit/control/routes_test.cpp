@@ -1,4 +1,5 @@
-// The control API's routes, answered by handle() against a fake engine, without sockets.
+// The control API's routes, answered by handle() (through handle_async) against a fake engine,
+// without sockets.
 
 #include "control/routes.hpp"
 #include "unit/control/fake_engine.hpp"
@@ -34,10 +35,11 @@ struct Members {
   }
 };
 
+// Answers through handle_async(), which answers what handle() does and GET /v1/models.
 Response call(FakeEngine& e, std::string method, std::string target, std::string body = {},
               const Peer& peer = member) {
   Members m;
-  return handle(Request{std::move(method), std::move(target), std::move(body)}, peer, e, m.access());
+  return control::test::answer(e, Request{std::move(method), std::move(target), std::move(body)}, peer, m.access());
 }
 
 }  // namespace
@@ -289,9 +291,37 @@ TEST_CASE("GET /v1/events asks the server for an event stream") {
 }
 
 TEST_CASE("an event is framed as event: KIND and data: JSON, one data line per payload line") {
-  CHECK(sse_message({"phase", R"({"id":"d1","phase":"downloading"})"}) ==
+  CHECK(sse_frame("phase", R"({"id":"d1","phase":"downloading"})") ==
         "event: phase\ndata: {\"id\":\"d1\",\"phase\":\"downloading\"}\n\n");
-  CHECK(sse_message({"state", "{\n\"a\":1}"}) == "event: state\ndata: {\ndata: \"a\":1}\n\n");
+  CHECK(sse_frame("state", "{\n\"a\":1}") == "event: state\ndata: {\ndata: \"a\":1}\n\n");
+}
+
+TEST_CASE("typed events become the contract's SSE text, and watcher events none") {
+  deploy::Deployment d = make_deployment("d1", "llama", deploy::State::running, deploy::Phase::downloading);
+  CHECK(sse_message(deploy::deployment_event(deploy::EventKind::phase, d)) ==
+        "event: phase\ndata: {\"id\":\"d1\",\"model\":\"llama\",\"phase\":\"downloading\"}\n\n");
+  d.progress.bytes_done = 5;
+  d.progress.bytes_total = 10;
+  d.progress.files_total = 1;
+  d.progress.rate_bytes_per_s = 2.5;
+  d.progress.eta_s = 2;
+  d.progress.files.push_back({"a.bin", 5, 10, 2.5, std::nullopt, 1});
+  CHECK(sse_message(deploy::deployment_event(deploy::EventKind::progress, d)) ==
+        "event: progress\ndata: {\"id\":\"d1\",\"model\":\"llama\",\"progress\":{\"bytes_done\":5,"
+        "\"bytes_total\":10,\"eta_s\":2.0,\"files\":[{\"bytes_done\":5,\"bytes_total\":10,\"connections\":1,"
+        "\"eta_s\":null,\"path\":\"a.bin\",\"rate_bytes_per_s\":2.5}],\"files_done\":0,\"files_total\":1,"
+        "\"rate_bytes_per_s\":2.5}}\n\n");
+  d.state = deploy::State::failed;
+  d.error = make_error(Errc::disk_full, "no room");
+  CHECK(sse_message(deploy::deployment_event(deploy::EventKind::state, d)) ==
+        "event: state\ndata: {\"error\":{\"code\":\"disk_full\",\"message\":\"no room\"},\"id\":\"d1\","
+        "\"model\":\"llama\",\"phase\":\"downloading\",\"state\":\"failed\"}\n\n");
+  deploy::Event w;
+  w.kind = deploy::EventKind::watcher;
+  w.model = "llama";
+  w.watcher = deploy::WatchdogStatus{};
+  CHECK(sse_message(w).empty());
+  CHECK(deploy::event_json(w)["watchdog"]["state"] == "stopped");
 }
 
 TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") {

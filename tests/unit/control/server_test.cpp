@@ -359,7 +359,12 @@ TEST_CASE("the event stream delivers an event the engine emits, and unsubscribes
   c.in.erase(0, c.in.find("\r\n\r\n") + 4);
 
   f.on_io([&] {
-    f.engine.emit({"phase", R"({"id":"d1","model":"llama","phase":"downloading"})"});
+    deploy::Event e;
+    e.kind = deploy::EventKind::phase;
+    e.id = "d1";
+    e.model = "llama";
+    e.phase = deploy::Phase::downloading;
+    f.engine.emit(e);
     return 0;
   });
   REQUIRE(c.read_until([](const std::string& in) { return in.find("\n\n") != std::string::npos; }));
@@ -368,6 +373,33 @@ TEST_CASE("the event stream delivers an event the engine emits, and unsubscribes
   c.close();
   CHECK(eventually([&] { return f.engine.listener_count == 0; }));
   CHECK(eventually([&] { return f.connections() == 0; }));
+}
+
+TEST_CASE("the event stream leaves the model watcher's events out") {
+  Fixture f;
+  f.start();
+  Client c(f.socket);
+  c.send(get("/v1/events"));
+  REQUIRE(c.read_until([](const std::string& in) { return in.find("\r\n\r\n") != std::string::npos; }));
+  c.in.erase(0, c.in.find("\r\n\r\n") + 4);
+  f.on_io([&] {
+    deploy::Event w;
+    w.kind = deploy::EventKind::watcher;
+    w.model = "llama";
+    w.watcher = deploy::WatchdogStatus{};
+    f.engine.emit(w);
+    deploy::Event e;
+    e.kind = deploy::EventKind::state;
+    e.id = "d1";
+    e.model = "llama";
+    e.state = deploy::State::succeeded;
+    f.engine.emit(e);
+    return 0;
+  });
+  REQUIRE(c.read_until([](const std::string& in) { return in.find("\n\n") != std::string::npos; }));
+  CHECK(c.in ==
+        "event: state\ndata: {\"error\":null,\"id\":\"d1\",\"model\":\"llama\",\"phase\":\"planning\","
+        "\"state\":\"succeeded\"}\n\n");
 }
 
 TEST_CASE("a quiet event stream gets keep-alive comments") {
@@ -388,7 +420,12 @@ TEST_CASE("an event client that lags more than the limit is dropped") {
   REQUIRE(c.read_until([](const std::string& in) { return in.find("\r\n\r\n") != std::string::npos; }));
   // All in one turn of the io thread: the writer cannot run in between, so the queue overflows.
   f.on_io([&] {
-    for (int i = 0; i < 5; ++i) f.engine.emit({"progress", fmt::format(R"({{"i":{}}})", i)});
+    for (int i = 0; i < 5; ++i) {
+      deploy::Event e;
+      e.kind = deploy::EventKind::progress;
+      e.id = fmt::format("d{}", i);
+      f.engine.emit(e);
+    }
     return 0;
   });
   CHECK(c.read_to_end());

@@ -13,7 +13,9 @@
 #include "http/client.hpp"
 #include "hub/hub.hpp"
 #include "store/store.hpp"
+#include "store/store_detail.hpp"
 #include "units/service_manager.hpp"
+#include "util/json.hpp"
 #include "verify/hash.hpp"
 
 #include "unit/deploy/fake_units.hpp"
@@ -151,6 +153,8 @@ struct Fixture {
   std::map<std::string, Error> not_ready;  // model -> what readiness answers instead of ready
   std::map<std::string, int> ready_waits;  // model -> readiness waits
   std::vector<nlohmann::json> phase_events, state_events;
+  std::vector<std::pair<std::string, std::string>> texts;  ///< every SSE event: its name and data text
+  std::vector<deploy::Event> watcher_events;
   std::function<void(const nlohmann::json&)> on_phase;  // called at every "phase" event
   std::unique_ptr<deploy::Deployer> deployer;
 
@@ -264,12 +268,18 @@ struct Fixture {
   }
 
   void on_event(const deploy::Event& e) {
-    auto j = nlohmann::json::parse(e.data_json);
-    if (e.kind == "phase") {
+    if (e.kind == deploy::EventKind::watcher) {  // not on the SSE stream
+      watcher_events.push_back(e);
+      return;
+    }
+    const std::string text = util::dump_json(deploy::event_json(e));
+    texts.emplace_back(deploy::to_string(e.kind), text);
+    auto j = nlohmann::json::parse(text);
+    if (e.kind == deploy::EventKind::phase) {
       phase_events.push_back(j);
       if (on_phase) on_phase(j);
     }
-    if (e.kind == "state") state_events.push_back(j);
+    if (e.kind == deploy::EventKind::state) state_events.push_back(j);
   }
 
   // load(), then recover() to its end, as the daemon starts.
@@ -558,6 +568,86 @@ TEST_CASE("without allow_downtime the phases run in order, stopping the old mode
   CHECK_FALSE(end.downtime_first);
   check_new_serves(fx, end);
   CHECK(fx.store.linked_commit("old") == kOld);  // kept for a later rollback or redeploy
+}
+
+TEST_CASE("the event stream's names and data text of a deployment stay as they were") {
+  // The SSE stream's bytes for phase, progress and state (interface.md "Events"), pinned.
+  Fixture fx;
+  fx.boot();
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  REQUIRE(end.state == State::succeeded);
+  REQUIRE_FALSE(fx.texts.empty());
+  CHECK(fx.texts.front() ==
+        std::pair<std::string, std::string>{"phase", fmt::format(R"({{"id":"{}","model":"new","phase":"planning"}})", d.id)});
+  CHECK(fx.texts.back() ==
+        std::pair<std::string, std::string>{
+            "state", fmt::format(R"({{"error":null,"id":"{}","model":"new","phase":"benchmarking","state":"succeeded"}})",
+                                 d.id)});
+  std::size_t progress = 0;
+  for (const auto& [kind, text] : fx.texts) {
+    if (kind != "progress") continue;
+    ++progress;
+    const auto j = nlohmann::json::parse(text);
+    CHECK(text == fmt::format(R"({{"id":"{}","model":"new","progress":{}}})", d.id, j["progress"].dump()));
+    CHECK(j["progress"].size() == 7);
+    CHECK(j["progress"].contains("files"));
+  }
+  CHECK(progress > 0);
+}
+
+TEST_CASE("a cancelled deployment's state event carries the error object") {
+  Fixture fx;
+  fx.boot();
+  std::optional<Result<deploy::Deployment>> cancelled;
+  fx.on_phase = [&](const nlohmann::json& j) {
+    if (!cancelled) cancelled = fx.deployer->cancel(j["id"].get<std::string>());
+  };
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  REQUIRE(end.state == State::cancelled);
+  REQUIRE(end.error);
+  CHECK(fx.texts.back() == std::pair<std::string, std::string>{
+                               "state", fmt::format(R"({{"error":{},"id":"{}","model":"new","phase":"{}","state":"cancelled"}})",
+                                                    deploy::error_json(*end.error).dump(), d.id,
+                                                    deploy::to_string(end.phase))});
+}
+
+TEST_CASE("models says verified, partial for a revision never verified and corrupt for files changed since") {
+  Fixture fx;
+  fx.boot();
+  fx.put_files("new", kNew);
+  auto state_of = [&](const std::string& name) {
+    for (const auto& m : fx.run(fx.deployer->models()))
+      if (m.name == name) return m.state;
+    return std::string("not listed");
+  };
+  CHECK(state_of("old") == "verified");
+  CHECK(state_of("spare") == "verified");
+  CHECK(state_of("new") == "partial");
+
+  write_file(fx.store.revision_dir("spare", kSpare) / "config.json", "{}");
+  CHECK(state_of("spare") == "corrupt");
+  {
+    // While modeld links or unlinks files of its own, the list is the last walk's.
+    store::detail::Relinking relinking(fx.store, {});
+    fs::remove(fx.store.revision_dir("old", kOld) / "config.json");
+    CHECK(state_of("old") == "verified");
+  }
+  CHECK(state_of("old") == "corrupt");
+  CHECK(state_of("new") == "partial");
+}
+
+TEST_CASE("the model watcher's record changes reach listeners as watcher events") {
+  Fixture fx;
+  fx.boot();
+  REQUIRE(fx.run_until([&] { return !fx.watcher_events.empty(); }));
+  const auto& e = fx.watcher_events.back();
+  CHECK(e.model == "old");
+  CHECK(e.id.empty());
+  REQUIRE(e.watcher);
+  CHECK(e.watcher->model == "old");
+  CHECK(deploy::event_json(e)["watchdog"]["model"] == "old");
 }
 
 TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {

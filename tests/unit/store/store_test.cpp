@@ -1,4 +1,5 @@
 #include "store/store.hpp"
+#include "store/store_detail.hpp"
 #include "unit/store/clock.hpp"
 #include "unit/store/listing.hpp"
 #include "unit/verify/test_files.hpp"
@@ -219,6 +220,52 @@ TEST_CASE("a manifest still matches until a file's content, inode or type change
     fs::remove(s.revision_dir("m", kA) / "shard-63.bin");
     CHECK_FALSE(s.manifest_still_matches("m", kA));
   }
+}
+
+TEST_CASE("check_manifest tells a revision never verified from one whose files changed since") {
+  TempDir dir;
+  Store s(dir.path);
+  repo::Snapshot snap{"org/model", "main", kA, {}};
+  std::map<std::string, std::string> contents{{"a.bin", std::string(10, 'a')}, {"b.bin", std::string(20, 'b')}};
+  for (const auto& [path, text] : contents) snap.files.push_back(listed(path, text, true));
+  install_verified(s, "m", snap, contents);
+  CHECK(s.check_manifest("m", kA) == store::ManifestCheck::matches);
+  // A revision with files but no manifest: never verified.
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  write_file(s.revision_dir("m", kB) / "a.bin", contents["a.bin"]);
+  CHECK(s.check_manifest("m", kB) == store::ManifestCheck::absent);
+  CHECK(s.check_manifest("other", kA) == store::ManifestCheck::absent);
+
+  SECTION("a file gone") {
+    fs::remove(s.revision_dir("m", kA) / "b.bin");
+    CHECK(s.check_manifest("m", kA) == store::ManifestCheck::changed);
+  }
+  SECTION("a file of another size") {
+    write_file(s.revision_dir("m", kA) / "a.bin.new", "longer than it was");
+    fs::rename(s.revision_dir("m", kA) / "a.bin.new", s.revision_dir("m", kA) / "a.bin");
+    CHECK(s.check_manifest("m", kA) == store::ManifestCheck::changed);
+  }
+  SECTION("a manifest that cannot be read") {
+    write_file(s.revision_dir("m", kA) / ".modeld" / "manifest.json", "{");
+    CHECK(s.check_manifest("m", kA) == store::ManifestCheck::changed);
+  }
+  CHECK_FALSE(s.manifest_still_matches("m", kA));
+}
+
+TEST_CASE("read_if_settled reads at once, and not at all while a relink holds the store") {
+  TempDir dir;
+  Store s(dir.path);
+  bool read = false;
+  CHECK(s.read_if_settled([&] { read = true; }));
+  CHECK(read);
+  read = false;
+  {
+    store::detail::Relinking relinking(s, {});
+    CHECK_FALSE(s.read_if_settled([&] { read = true; }));
+  }
+  CHECK_FALSE(read);
+  CHECK(s.read_if_settled([&] { read = true; }));
+  CHECK(read);
 }
 
 TEST_CASE("unchanged files are hard-linked from an older revision and changed ones listed missing") {
