@@ -4,6 +4,7 @@
 // active model and any unfinished deployment.
 
 #include "deploy/deployment.hpp"
+#include "deploy/records.hpp"
 #include "util/error.hpp"
 
 #include <filesystem>
@@ -13,13 +14,6 @@
 #include <vector>
 
 namespace modeld::deploy {
-
-/// The model in service, as recorded.
-struct ActiveRecord {
-  std::string model;
-  std::string commit;
-  std::string since;  ///< RFC 3339
-};
 
 /// What state.json holds.
 struct DaemonState {
