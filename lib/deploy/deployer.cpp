@@ -40,7 +40,9 @@ struct Deployer::Running {
   std::unique_ptr<Run> run;                  ///< what the phases read; changed by the driver only
   std::unique_ptr<Decisions> decisions;      ///< the phases' sink (RunDecisions)
   std::vector<PlannedStep> steps;            ///< the plan, from the record (kind, downtime_first)
-  std::optional<PlannedStep> step;           ///< the step that runs now; nullopt while rolling back
+  std::optional<PlannedStep> step;           ///< the step that runs now; nullopt before the first
+  bool rolling_back = false;                 ///< rolling_back runs (not a step of the plan)
+  bool new_serves = false;                   ///< health_checking passed: this deployment's model serves
   bool interrupted = false;                  ///< a shutdown cut it short: left running for the next start
   asio::cancellation_signal cancel;  ///< bound to the phase that runs now
   Clock::time_point last_journal_progress{};
@@ -220,8 +222,11 @@ asio::awaitable<void> Deployer::continue_unfinished(Deployment& d) {
   f.deployment = d.id;
   f.model = d.model;
   f.phase = std::string(to_string(d.phase));
-  sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from {}", d.id, d.model,
-            to_string(d.phase), first ? std::string(to_string(*first)) : std::string("rolling_back"));
+  const std::string from = !first ? std::string("rolling_back")
+                                  : *first == Step::cleanup ? "health_checking (the cleanup of older revisions)"
+                                                            : std::string(to_string(*first));
+  sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}", d.id,
+            d.model, to_string(d.phase), from);
   std::erase_if(history_, [&](const Deployment& h) { return h.id == d.id; });
   if (services_.config->find_model(d.model)) {
     begin(std::move(d), first);
@@ -298,7 +303,7 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
 }
 
 bool Deployer::owns_service(const Running& r) {
-  return r.record.old_stopped || !r.step || r.step->touches_service;
+  return r.record.old_stopped || r.rolling_back || (r.step && r.step->touches_service);
 }
 
 void Deployer::watch_active(bool wait_ready_first) {
@@ -382,6 +387,7 @@ void Deployer::begin(Deployment d, std::optional<Step> first) {
       Run{.record = r->record, .model = *model, .previous = std::move(previous), .last_active = state_.last_active});
   r->decisions = std::make_unique<RunDecisions>(*this, *r);
   r->steps = plan_steps(r->record.kind, r->record.downtime_first);
+  r->new_serves = first == Step::cleanup;  // resumed after its health check
   running_ = r;
   asio::co_spawn(io_, drive(r, first), [](std::exception_ptr e) {
     if (!e) return;
@@ -531,6 +537,7 @@ asio::awaitable<void> Deployer::apply_healthy(Running& r) {
   if (state_.active) state_.last_active[state_.active->model] = now;
   state_.active = ActiveRecord{d.model, *d.commit, now};
   state_.last_active[d.model] = now;
+  r.new_serves = true;
   co_await save_state(r);
 }
 
@@ -554,7 +561,7 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
     if (step.step == first) started = true;
     if (!started) continue;
     // Once the new model serves, a cancel only skips what is left but the cleanup.
-    if (d.cancel_requested && !serves_new(d)) co_return make_error(Errc::cancelled, "cancelled by the user");
+    if (d.cancel_requested && !r.new_serves) co_return make_error(Errc::cancelled, "cancelled by the user");
     if (d.cancel_requested && step.step != Step::cleanup) {
       sys::logf(sys::Level::notice, r.run->fields(), "cancelled once {} served: benchmark skipped", d.model);
       break;
@@ -570,11 +577,11 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
       co_return std::nullopt;
     }
     // A phase cut short by a cancel once the new model serves (the benchmark) skips only itself.
-    if (!res && !(d.cancel_requested && serves_new(d)))
+    if (!res && !(d.cancel_requested && r.new_serves))
       co_return d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
   }
   // A cancel that came as the last step began found nothing to stop: it ends the deployment now.
-  if (d.cancel_requested && !serves_new(d)) co_return make_error(Errc::cancelled, "cancelled by the user");
+  if (d.cancel_requested && !r.new_serves) co_return make_error(Errc::cancelled, "cancelled by the user");
   co_return std::nullopt;
 }
 
@@ -634,6 +641,7 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
   auto& d = r.record;
   // rolling_back is not cancellable: leaving the host with nothing serving is worse.
   r.step.reset();
+  r.rolling_back = true;
   if (watcher_->running()) co_await watcher_->stop();
   d.phase = Phase::rolling_back;
   co_await persist_now(d);

@@ -44,7 +44,7 @@ class Deployer final : public Engine {
   Deployer(boost::asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog);
   ~Deployer() override;
 
-  /// Loads state.json and the history; io_error when state.json is unreadable.
+  /// Loads state.json and the history; io_error when state.json is unreadable. Blocks (reads state_dir): call it at start.
   Result<void> load();
 
   /// At daemon start: rewrites the active model's drop-in and starts its service if it is not
