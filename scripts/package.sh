@@ -38,6 +38,6 @@ deb=$build/packages/modeld_${version}_$(dpkg --print-architecture).deb
 [ -f "$deb" ] || { echo "package.sh: cpack did not write $deb" >&2; exit 1; }
 if [ "$hooks" != OFF ]; then
     cmake -DMODELD_TEST_HOOKS=ON "$build" >/dev/null
-    cmake --build "$build" --target modeld -j "${MODELD_JOBS:-2}" >&2
+    cmake --build "$build" --target modeld modelctl -j "${MODELD_JOBS:-2}" >&2
 fi
 echo "$deb"
