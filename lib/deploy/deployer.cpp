@@ -178,8 +178,9 @@ asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) 
     sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
     co_return;
   }
-  if (st->active_state == "active" || st->active_state == "activating" || st->active_state == "reloading") {
-    sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit, st->active_state);
+  if (units::is_up(st->active_state)) {
+    sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit,
+              units::to_string(st->active_state));
     // It serves already: a changed file is reported, not re-hashed under the running server.
     const bool unchanged = co_await files_still_trusted(services_, m->name, state_.active->commit, f, false);
     (void)unchanged;
@@ -194,11 +195,9 @@ asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) 
               m->name, unit);
     watch = false;
   } else {
-    sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name, st->active_state,
-              unit);
-    auto reset = co_await services_.units.reset_failed(unit);  // best effort: StartUnit reports the real problem
-    (void)reset;
-    if (auto s = co_await services_.units.start(unit); !s)
+    sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name,
+              units::to_string(st->active_state), unit);
+    if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s)
       sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
     else
       started_unit = true;

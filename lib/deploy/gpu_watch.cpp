@@ -5,6 +5,7 @@
 #include "util/files.hpp"
 #include "util/json.hpp"
 #include "util/on_pool.hpp"
+#include "util/poll.hpp"
 #include "util/quantities.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -56,31 +57,29 @@ asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
   if (!*snap) co_return Result<void>{};  // no NVIDIA driver: nothing to wait for
   const auto before = compare ? read_baseline(s, run) : std::nullopt;
   if (before) {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
     auto last_note = std::chrono::steady_clock::now();
-    for (;;) {
-      const auto excess = gpu::memory_back_to(**snap, *before, kGpuSlackBytes);
-      if (excess.empty()) break;
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline)
-        co_return make_error(Errc::stop_timeout,
-                             fmt::format("GPU memory did not come back after the stop: {}; not starting model {} on "
-                                         "top of it",
-                                         gpu::describe_excess(excess), run.model.name));
-      if (now - last_note >= std::chrono::seconds(10)) {
+    std::vector<gpu::Excess> excess;
+    bool first = true;
+    auto end = co_await util::poll_until(deadline, std::chrono::milliseconds(500), [&]() -> asio::awaitable<bool> {
+      if (!std::exchange(first, false)) snap = co_await snapshot(s);
+      if (!snap || !*snap) co_return true;
+      excess = gpu::memory_back_to(**snap, *before, kGpuSlackBytes);
+      if (excess.empty()) co_return true;
+      if (const auto now = std::chrono::steady_clock::now(); now - last_note >= std::chrono::seconds(10)) {
         sys::logf(sys::Level::notice, run.fields(), "waiting for GPU memory: {}", gpu::describe_excess(excess));
         last_note = now;
       }
-      if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
-        co_return make_error(Errc::cancelled, "cancelled while waiting for GPU memory to come back");
-      timer.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(500), deadline - now));
-      auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-      if (ec == asio::error::operation_aborted)
-        co_return make_error(Errc::cancelled, "cancelled while waiting for GPU memory to come back");
-      snap = co_await snapshot(s);
-      if (!snap) co_return snap.error();
-      if (!*snap) co_return Result<void>{};
-    }
+      co_return false;
+    });
+    if (end == util::PollEnd::cancelled)
+      co_return make_error(Errc::cancelled, "cancelled while waiting for GPU memory to come back");
+    if (!snap) co_return snap.error();
+    if (!*snap) co_return Result<void>{};
+    if (end == util::PollEnd::deadline)
+      co_return make_error(Errc::stop_timeout,
+                           fmt::format("GPU memory did not come back after the stop: {}; not starting model {} on "
+                                       "top of it",
+                                       gpu::describe_excess(excess), run.model.name));
     sys::logf(sys::Level::info, run.fields(), "GPU memory is back at its baseline on {} GPU(s)", (*snap)->gpus.size());
   } else {
     sys::logf(sys::Level::info, run.fields(), "measuring the GPU baseline with no model server running ({} GPU(s))",

@@ -6,8 +6,6 @@
 #include "util/files.hpp"
 #include "util/quantities.hpp"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -72,16 +70,14 @@ boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config
                                                 std::min<std::chrono::milliseconds>(kProgressEvery, m.health.stall_timeout / 2))
           : kProgressEvery;
   // The unit's own journal lines of its current run; the time bound only matters when systemd
-  // reports no invocation ID, and reaches back over the launch just before.
-  // The process backend's servers write to journald under their own identifier from modeld's unit.
-  const bool by_identifier = s.config->daemon.service_manager == "process";
-  std::string identifier = by_identifier ? unit.substr(0, unit.size() - std::string_view(".service").size()) : "";
-  // Without journald (a container), the process backend's servers write to modeld's own output:
-  // there is nothing to read, so no stall detection either.
-  if (!by_identifier || ::access("/run/systemd/journal/stdout", F_OK) == 0)
+  // reports no invocation ID, and reaches back over the launch just before. The backend says
+  // where they are: by unit (systemd), by identifier (the process backend), or nowhere (no
+  // journald: nothing to read, so no stall detection either).
+  auto journal = s.units.journal_of(unit);
+  if (journal.readable)
     options.output = health::journal_output(s.disk_pool, unit,
                                             std::chrono::system_clock::now() - std::chrono::seconds(5), 10, {},
-                                            std::move(identifier));
+                                            std::move(journal.identifier));
   options.on_step = [&](health::Step step, const std::string& detail) {
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
     sys::Fields f = fields;

@@ -98,12 +98,10 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) 
               s.store.model_path(run.model.name).string(), (*aside)->string());
   if (auto r = s.store.switch_link(run.model.name, commit); !r) co_return r.error();
   if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();
-  // A unit left failed by an earlier attempt would refuse to start again.
-  auto reset = co_await s.units.reset_failed(unit);  // best effort: StartUnit reports the real problem
-  (void)reset;
   sys::logf(sys::Level::info, run.fields(), "starting {} on port {} with {} -> {}", unit, run.model.serve.port,
             s.store.model_path(run.model.name).string(), commit.substr(0, 12));
-  if (auto r = co_await s.units.start(unit); !r) co_return r.error();
+  // A unit left failed by an earlier attempt would refuse to start again.
+  if (auto r = co_await units::reset_failed_and_start(s.units, unit); !r) co_return r.error();
   co_return Result<void>{};
 }
 

@@ -40,10 +40,6 @@ milliseconds watchdog_backoff(unsigned streak, milliseconds base, milliseconds c
 
 namespace {
 
-bool alive(const std::string& active_state) {
-  return active_state == "active" || active_state == "activating" || active_state == "reloading";
-}
-
 // Why a unit that is not active counts as down, from what systemd says about its last run.
 std::string describe_down(const std::string& unit, const units::UnitStatus& st) {
   std::string how;
@@ -53,7 +49,7 @@ std::string describe_down(const std::string& unit, const units::UnitStatus& st) 
     how = fmt::format("its main process exited with status {} on its own", st.exec_main_status);
   else
     how = fmt::format("its main process exited with status {}", st.exec_main_status);
-  return fmt::format("{} left the active state: it is {} ({}), result {}, {}", unit, st.active_state,
+  return fmt::format("{} left the active state: it is {} ({}), result {}, {}", unit, units::to_string(st.active_state),
                      st.sub_state.empty() ? std::string("?") : st.sub_state,
                      st.result.empty() ? std::string("unknown") : st.result, how);
 }
@@ -210,9 +206,9 @@ asio::awaitable<void> ModelWatcher::watch(std::string model, bool wait_ready_fir
         sys::logf(sys::Level::warning, f, "watchdog: cannot query {}: {}", unit, st.error().message);
         continue;
       }
-      if (!alive(st->active_state)) {
+      if (!units::is_up(st->active_state)) {
         pending = describe_down(unit, *st);
-      } else if (st->active_state != "active") {
+      } else if (st->active_state != units::ActiveState::active) {
         continue;  // starting or reloading: on its way
       } else {
         const auto t0 = Clock::now();
@@ -255,8 +251,8 @@ asio::awaitable<void> ModelWatcher::watch(std::string model, bool wait_ready_fir
     }
     auto st = co_await services_.units.status(unit);
     if (run->stop) break;
-    const bool up = st && alive(st->active_state);
-    if (delay.count() > 0 && up && st->active_state == "active") {
+    const bool up = st && units::is_up(st->active_state);
+    if (delay.count() > 0 && up && st->active_state == units::ActiveState::active) {
       // Something (an operator, say) brought it back during the backoff: probe before restarting.
       auto r = co_await probe(m);
       if (run->stop) break;
@@ -306,10 +302,7 @@ asio::awaitable<void> ModelWatcher::watch(std::string model, bool wait_ready_fir
         sys::logf(sys::Level::error, f, "watchdog: {}", w.error().message);
       if (run->stop) break;
     }
-    auto reset = co_await services_.units.reset_failed(unit);  // best effort: StartUnit reports the real problem
-    (void)reset;
-    if (run->stop) break;
-    if (auto s = co_await services_.units.start(unit); !s) {
+    if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s) {
       if (run->stop) break;
       pending = fmt::format("cannot start {}: {}", unit, s.error().message);
       sys::logf(sys::Level::error, f, "watchdog: {}", *pending);

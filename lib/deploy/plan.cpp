@@ -6,10 +6,10 @@
 #include "util/test_hooks.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
+#include "verify/index.hpp"
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <set>
@@ -36,16 +36,13 @@ boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const confi
     // Within hub.listing_timeout per try, and retried as listings are.
     auto body = co_await s.hub.read_metadata(all.repo, all.commit, index.path, 64u << 20);
     if (!body) co_return body.error();
-    auto j = nlohmann::json::parse(*body, nullptr, false);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    auto shards = verify::parse_safetensors_index(*body, index.path);
+    if (!shards)
       co_return make_error(Errc::checkpoint_incomplete,
-                           fmt::format("{} of {} at {} has no weight_map object", index.path, all.repo, all.commit));
-    const auto slash = index.path.rfind('/');
-    const std::string dir = slash == std::string::npos ? "" : index.path.substr(0, slash + 1);
+                           fmt::format("{} (read from {} at {})", shards.error().message, all.repo, all.commit),
+                           std::vector<std::string>{index.path});
     std::set<std::string> absent, filtered;
-    for (const auto& [tensor, shard] : j["weight_map"].items()) {
-      if (!shard.is_string()) continue;
-      const std::string path = dir + shard.get<std::string>();
+    for (const auto& [path, tensors] : *shards) {
       if (!has(all, path)) absent.insert(path);
       else if (!has(kept, path)) filtered.insert(path);
     }

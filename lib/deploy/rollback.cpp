@@ -27,11 +27,10 @@ boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& ru
     co_return make_error(Errc::rollback_failed, r.error().message);
   if (auto r = co_await install_dropin(s, *old); !r) co_return make_error(Errc::rollback_failed, r.error().message);
   const auto old_unit = units::serve_unit(old->name);
-  auto reset = co_await s.units.reset_failed(old_unit);  // best effort: StartUnit reports the real problem
-  (void)reset;
   sys::logf(sys::Level::warning, run.fields(), "starting {} again (model {} at {})", old_unit, old->name,
             run.previous->commit.substr(0, 12));
-  if (auto r = co_await s.units.start(old_unit); !r) co_return make_error(Errc::rollback_failed, r.error().message);
+  if (auto r = co_await units::reset_failed_and_start(s.units, old_unit); !r)
+    co_return make_error(Errc::rollback_failed, r.error().message);
   if (auto r = co_await wait_model_ready(s, *old, run.fields()); !r)
     co_return make_error(Errc::rollback_failed, "the previous model did not become ready again: " + r.error().message);
   sys::logf(sys::Level::notice, run.fields(), "model {} serves again", old->name);

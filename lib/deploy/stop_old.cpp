@@ -6,6 +6,7 @@
 #include "deploy/gpu_watch.hpp"
 #include "deploy/leftovers.hpp"
 #include "units/service_manager.hpp"
+#include "util/poll.hpp"
 #include "util/quantities.hpp"
 #include "util/test_hooks.hpp"
 
@@ -120,30 +121,28 @@ asio::awaitable<Result<void>> wait_nothing_left(Services& s, const Run& run, con
                                                 const std::set<std::uint16_t>& ports,
                                                 std::chrono::steady_clock::time_point t0,
                                                 std::chrono::steady_clock::time_point deadline) {
-  asio::steady_timer timer(co_await asio::this_coro::executor);
   auto last_note = std::chrono::steady_clock::now();
-  for (;;) {
-    auto left = co_await find_leftovers(s, unit, units::serve_unit(run.model.name), ports);
-    if (!left) co_return left.error();
-    if (left->empty()) co_return Result<void>{};
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
-      co_return make_error(Errc::stop_timeout,
-                           fmt::format("{} is stopped but {} after {}: not starting model {} on top of it", unit,
-                                       left->describe(unit),
-                                       util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(now - t0)),
-                                       run.model.name));
-    if (now - last_note >= std::chrono::seconds(10)) {
+  Result<Leftovers> left = make_error(Errc::internal, unit + ": not looked at");
+  auto end = co_await util::poll_until(deadline, std::chrono::milliseconds(200), [&]() -> asio::awaitable<bool> {
+    left = co_await find_leftovers(s, unit, units::serve_unit(run.model.name), ports);
+    if (!left || left->empty()) co_return true;
+    if (const auto now = std::chrono::steady_clock::now(); now - last_note >= std::chrono::seconds(10)) {
       sys::logf(sys::Level::notice, run.fields(), "waiting for what {} left: {}", unit, left->describe(unit));
       last_note = now;
     }
-    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
-      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
-    timer.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(200), deadline - now));
-    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (ec == asio::error::operation_aborted)
-      co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
-  }
+    co_return false;
+  });
+  if (end == util::PollEnd::cancelled)
+    co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+  if (!left) co_return left.error();
+  if (end == util::PollEnd::deadline)
+    co_return make_error(Errc::stop_timeout,
+                         fmt::format("{} is stopped but {} after {}: not starting model {} on top of it", unit,
+                                     left->describe(unit),
+                                     util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(
+                                         std::chrono::steady_clock::now() - t0)),
+                                     run.model.name));
+  co_return Result<void>{};
 }
 
 }  // namespace
@@ -174,8 +173,9 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& ru
   if (old_port) ports.insert(old_port);
   const auto t0 = std::chrono::steady_clock::now();
   auto st = co_await s.units.status(unit);
-  if (st && (st->active_state == "inactive" || st->active_state == "failed")) {
-    sys::logf(sys::Level::info, run.fields(), "nothing to stop: {} is already {}", unit, st->active_state);
+  if (st && units::is_stopped(st->active_state)) {
+    sys::logf(sys::Level::info, run.fields(), "nothing to stop: {} is already {}", unit,
+              units::to_string(st->active_state));
   } else {
     sys::logf(sys::Level::info, run.fields(), "stopping {} (model {}), waiting up to {}", unit, run.previous->model,
               util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(timeout)));

@@ -15,6 +15,7 @@
 
 #include "fetch/disk_guard.hpp"
 #include "fetch/partial.hpp"
+#include "hub/retry.hpp"
 #include "sys/log.hpp"
 #include "util/on_pool.hpp"
 #include "util/text.hpp"
@@ -41,7 +42,6 @@
 #include <deque>
 #include <memory>
 #include <optional>
-#include <random>
 
 namespace modeld::fetch {
 
@@ -63,8 +63,6 @@ constexpr std::uint64_t kDurableBytes = 1ull << 30;
 constexpr auto kDurableInterval = 30s;
 // Split points are rounded down to this, so parts start on page boundaries.
 constexpr std::uint64_t kSplitAlign = 64u << 10;
-
-bool retryable(Errc c) { return c == Errc::network_error || c == Errc::timeout || c == Errc::hub_unavailable; }
 
 bool is_cancelled(asio::cancellation_type t) { return t != asio::cancellation_type::none; }
 
@@ -266,7 +264,6 @@ struct RunState {
   RateLimiter limiter;
   DiskGuard guard;
   std::function<void(const Progress&)> on_progress;
-  std::mt19937 rng{std::random_device{}()};
 
   std::vector<std::unique_ptr<FileState>> files;
   std::size_t next_file = 0;
@@ -278,11 +275,9 @@ struct RunState {
   // Never expires; cancelling it wakes the workers waiting for work (a file finished opening).
   std::unique_ptr<asio::steady_timer> work_event;
 
-  // The shared retry state.
-  unsigned failures_in_a_row = 0;
-  Clock::time_point paused_until{};
-  Clock::time_point pause_began{};
-  Clock::duration waited{};
+  // The shared retry state: failures in a row, one pause for every connection, its total.
+  hub::RetryBudget retries{hub::RetryPolicy{.backoff_base = options.backoff_base}, options.retry_budget,
+                           options.max_retry_wait};
 
   // Progress.
   Progress progress;
@@ -320,7 +315,7 @@ struct RunState {
     progress.bytes_done += n;
     f.counted += n;
     received_total += n;
-    failures_in_a_row = 0;
+    retries.progressed();
     f.failures = 0;
     report(false);
   }
@@ -394,50 +389,14 @@ struct RunState {
       out.message += fmt::format(" (after {} attempts)", f.failures);
       return out;
     }
-    auto now = Clock::now();
-    // A request sent before the current pause began failed for the reason that began it.
-    bool counted_already = sent < pause_began && !retry_after;
-    if (!counted_already) ++failures_in_a_row;
-    if (failures_in_a_row > options.retry_budget) {
-      Error out = e;
-      out.message += fmt::format(" (gave up after {} failures in a row with no data from any connection)",
-                                 failures_in_a_row);
-      return out;
-    }
-    if (retry_after && *retry_after > options.max_retry_wait - waited) {
-      Error out = e;
-      out.message += fmt::format(" (the server asks to retry after {} s, longer than the {:.0f} s of retry wait left)",
-                                 retry_after->count(), seconds(options.max_retry_wait - waited));
-      return out;
-    }
-    Clock::duration delay{};
-    if (!counted_already) {
-      auto base = options.backoff_base * (1u << std::min(failures_in_a_row - 1, 3u));  // 1, 2, 4, 8, 8 ...
-      std::uniform_real_distribution<double> jitter(0.75, 1.25);
-      delay = std::chrono::duration_cast<Clock::duration>(base * jitter(rng));
-    }
-    if (retry_after) delay = std::max<Clock::duration>(delay, *retry_after);
-    auto until = now + delay;
-    // (A failure already counted adds no pause of its own: it waits out the current one.)
-    if (delay > Clock::duration{} && until > paused_until) {
-      waited += until - std::max(now, paused_until);
-      if (paused_until < now) pause_began = now;
-      paused_until = until;
-    }
-    if (waited > options.max_retry_wait) {
-      Error out = e;
-      out.message += fmt::format(" (waited {:.0f} s for retries in all, the limit is {:.0f} s)", seconds(waited),
-                                 seconds(options.max_retry_wait));
-      return out;
-    }
-    return std::max<Clock::duration>(paused_until - now, Clock::duration{});
+    return retries.failed(e, sent, retry_after);
   }
 
   // Waits out the shared retry pause, if any.
   awaitable<void> wait_pause() {
-    while (Clock::now() < paused_until && !stopping) {
+    while (Clock::now() < retries.paused_until() && !stopping) {
       asio::steady_timer timer(co_await asio::this_coro::executor);
-      timer.expires_at(paused_until);
+      timer.expires_at(retries.paused_until());
       co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
     }
   }
@@ -653,7 +612,7 @@ class SegmentRequest {
                                     first_, cr.empty() ? "no Content-Range" : cr));
     }
     if (h.status < 200 || h.status >= 300) {
-      if (auto ra = h.headers.get("Retry-After")) retry_after_ = http::parse_retry_after(*ra, std::chrono::system_clock::now());
+      retry_after_ = hub::retry_after(h);
       return hub::Hub::error_from_response(h, fmt::format("downloading {}", f_.file.path));
     }
     std::uint64_t start = 0;
@@ -813,7 +772,7 @@ awaitable<Result<void>> run_segment(RunState& s, Segment& seg) {
       }
       co_return e;
     }
-    if (!retryable(e.code)) co_return e;
+    if (!hub::retryable(e.code)) co_return e;
     auto delay = s.retry(f, e, sent, req.retry_after());
     if (!delay) co_return delay.error();
     sys::logf(sys::Level::warning, sys::Fields{.phase = "downloading", .extra = {{"MODELD_FILE", f.file.path}}},

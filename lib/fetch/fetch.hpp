@@ -65,7 +65,8 @@ struct Options {
   std::uint64_t min_part_size = 16u << 20;
   /// Least time between two on_progress calls (the final call comes regardless).
   std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
-  /// First retry delay; later ones double up to 8x (1, 2, 4, 8, 8 s by default), with jitter.
+  /// First retry delay; later ones double up to 8x (1, 2, 4, 8, 8 s by default), with jitter
+  /// (hub::RetryPolicy's backoff; the budget and pause are hub::RetryBudget's).
   /// A Retry-After (seconds or HTTP-date) from the server is honoured when longer, and pauses
   /// every connection of the run. Tests shorten it.
   std::chrono::milliseconds backoff_base{1000};

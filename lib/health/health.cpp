@@ -1,6 +1,7 @@
 #include "health/health.hpp"
 #include "util/json.hpp"
 #include "util/on_pool.hpp"
+#include "util/poll.hpp"
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -232,146 +233,199 @@ awaitable<Result<void>> wait_ready(http::Client& client, units::ServiceManager& 
   co_return co_await wait_ready(client, manager, unit, target, options);
 }
 
-awaitable<Result<void>> wait_ready(http::Client& client, units::ServiceManager& manager, const std::string& unit,
-                                   const Target& target, const ReadyOptions& options) {
-  const auto start = Clock::now();
-  const auto deadline = start + options.timeout;
-  int reached = -1;  // the highest Step passed so far
-  Passed passed = [&](Step s, const std::string& text) {
-    if (static_cast<int>(s) > reached) {
-      reached = static_cast<int>(s);
-      if (options.on_step) options.on_step(s, text);
-    }
-  };
-  auto reached_name = [&] { return reached < 0 ? "none" : step_name(static_cast<Step>(reached)); };
-  bool seen_active = false;
-  std::string last_answer = "the unit has not become active";
+namespace {
 
+// One wait_ready(): what it has seen so far, and one method per part of a poll.
+class ReadyWait {
+ public:
+  ReadyWait(http::Client& client, units::ServiceManager& manager, const std::string& unit, const Target& target,
+            const ReadyOptions& options)
+      : client_(client), manager_(manager), unit_(unit), target_(target), options_(options),
+        output_readable_(static_cast<bool>(options.output)) {}
+
+  awaitable<Result<void>> run();
+
+ private:
+  // Tells on_step of `s` the first time it (or a later step) is passed.
+  void passed(Step s, const std::string& text) {
+    if (static_cast<int>(s) > reached_) {
+      reached_ = static_cast<int>(s);
+      if (options_.on_step) options_.on_step(s, text);
+    }
+  }
+  const char* reached_name() const { return reached_ < 0 ? "none" : step_name(static_cast<Step>(reached_)); }
+  std::string last_line() const { return last_lines_.empty() ? std::string() : redact(last_lines_.back(), target_); }
+
+  awaitable<std::optional<Result<void>>> poll();
+  awaitable<bool> read_output(const units::UnitStatus& st);
+  awaitable<Error> dead(const units::UnitStatus& s);
+  awaitable<std::optional<Result<void>>> probe_running(const units::UnitStatus& s);
+  std::optional<Error> hung_or_late(bool alive, std::uint32_t main_pid);
+
+  http::Client& client_;
+  units::ServiceManager& manager_;
+  const std::string& unit_;
+  const Target& target_;
+  const ReadyOptions& options_;
+  const Clock::time_point start_ = Clock::now();
+  const Clock::time_point deadline_ = start_ + options_.timeout;
+  int reached_ = -1;  // the highest Step passed so far
+  bool seen_active_ = false;
+  std::string last_answer_ = "the unit has not become active";
   // What the journal says: a new line (or any HTTP answer) is a sign of life.
-  bool output_readable = static_cast<bool>(options.output);
-  std::string last_cursor;
-  std::vector<std::string> last_lines;
-  auto last_activity = start;
-  auto next_progress = start + options.progress_every;
+  bool output_readable_;
+  std::string last_cursor_;
+  std::vector<std::string> last_lines_;
+  Clock::time_point last_activity_ = start_;
+  Clock::time_point next_progress_ = start_ + options_.progress_every;
+};
 
+awaitable<Result<void>> ReadyWait::run() {
+  std::optional<Result<void>> outcome;
   try {
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    auto pause = [&](std::chrono::milliseconds d) -> awaitable<bool> {
-      timer.expires_after(d);
-      auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-      co_return !ec;
-    };
-    // Reads the journal; false when it is (or has become) unreadable.
-    auto read_output = [&](const units::UnitStatus& st) -> awaitable<bool> {
-      if (!output_readable) co_return false;
-      auto out = co_await options.output(st);
-      if (!out) {
-        output_readable = false;
-        if (options.on_output_unreadable) options.on_output_unreadable(out.error().message);
-        co_return false;
-      }
-      if (!out->newest_cursor.empty() && out->newest_cursor != last_cursor) {
-        last_cursor = out->newest_cursor;
-        last_activity = Clock::now();
-      }
-      last_lines = std::move(out->lines);
-      co_return true;
-    };
-
-    for (;;) {
-      auto st = co_await manager.status(unit);
-      bool alive = false;
-      if (!st) {
-        // A failed status query is not the unit failing: keep polling until the deadline.
-        last_answer = st.error().message;
-      } else {
-        const auto& s = *st;
-        bool dead = s.active_state == "failed" ||
-                    (s.active_state == "inactive" && (seen_active || (!s.result.empty() && s.result != "success")));
-        if (dead) {
-          std::string said;
-          if (options.output) {
-            // journald stores a stream's last lines a moment after the process is gone: read
-            // until two reads agree, for at most a second.
-            std::string before = last_cursor;
-            for (int i = 0; i < 5 && co_await read_output(s); ++i) {
-              if (i > 0 && last_cursor == before) break;
-              before = last_cursor;
-              if (!co_await pause(std::chrono::milliseconds(200))) break;
-            }
-            if (!output_readable)
-              said = "; its journal could not be read";
-            else if (last_lines.empty())
-              said = "; it wrote nothing to its journal";
-            else
-              said = fmt::format("; its last journal lines:{}", quoted_lines(last_lines, target));
-          }
-          co_return make_error(Errc::unit_failed,
-                               fmt::format("{} {} while starting after {} (result {}, exit status {}){}", unit,
-                                           s.active_state == "failed" ? "failed" : "stopped", seconds(since(start)),
-                                           s.result.empty() ? "unknown" : s.result, s.exec_main_status, said));
-        }
-        bool running = s.active_state == "active" || s.active_state == "reloading";
-        bool pid_alive = s.main_pid == 0 || process_exists(s.main_pid);
-        alive = (running || s.active_state == "activating") && pid_alive;
-        if (running && !pid_alive) {
-          // systemd notices the exit a moment later; the next poll reports the unit dead.
-          last_answer = fmt::format("{}'s main process {} has exited", unit, s.main_pid);
-        } else if (running) {
-          seen_active = true;
-          passed(Step::unit_active, s.main_pid ? fmt::format("{} is active, main process {} alive", unit, s.main_pid)
-                                               : fmt::format("{} is active", unit));
-          auto port = co_await port_accepts(target);
-          if (!port) {
-            last_answer = port.error().message;
-          } else {
-            passed(Step::port, fmt::format("port {} accepts connections", target.port));
-            auto probe = co_await probe_steps(client, target, passed);
-            if (probe) {
-              passed(Step::ready, fmt::format("{} is ready after {}", unit, seconds(since(start))));
-              co_return Result<void>{};
-            }
-            if (probe.error().code == Errc::cancelled) co_return probe.error();
-            // An HTTP answer, even a refusal, shows the server is not silent.
-            if (probe.error().code == Errc::health_failed) last_activity = Clock::now();
-            last_answer = probe.error().message;
-          }
-        } else {
-          last_answer = fmt::format("{} is {} ({})", unit, s.active_state, s.sub_state);
-        }
-        co_await read_output(s);
-      }
-
-      auto now = Clock::now();
-      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_activity);
-      std::string last_line = last_lines.empty() ? std::string() : redact(last_lines.back(), target);
-      if (alive && output_readable && options.stall_timeout.count() > 0 && silent >= options.stall_timeout)
-        co_return make_error(
-            Errc::readiness_timeout,
-            fmt::format("{} is hung: its main process {} is alive but has been silent for {} (no journal line, "
-                        "no HTTP answer; stall_timeout {}), not ready after {}; last step reached: {}; last "
-                        "answer: {}; last server line: '{}'",
-                        unit, st->main_pid, seconds(silent), seconds(options.stall_timeout), seconds(since(start)),
-                        reached_name(), last_answer, last_line.empty() ? "none" : last_line));
-      if (now >= deadline)
-        co_return make_error(Errc::readiness_timeout,
-                             fmt::format("{} was not ready within {}; last step reached: {}; last answer: {}{}", unit,
-                                         seconds(options.timeout), reached_name(), last_answer,
-                                         last_line.empty() ? std::string()
-                                                           : fmt::format("; last server line: '{}'", last_line)));
-      if (now >= next_progress) {
-        next_progress = now + options.progress_every;
-        if (options.on_progress) options.on_progress(Progress{since(start), silent, last_line, last_answer});
-      }
-      if (!co_await pause(std::min<std::chrono::milliseconds>(
-              options.interval, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
-                                    std::chrono::milliseconds(1))))
-        break;  // cancelled
-    }
+    // One millisecond past the deadline, so the poll at the deadline itself reports it.
+    co_await util::poll_until(deadline_ + std::chrono::milliseconds(1), options_.interval,
+                              [&]() -> awaitable<bool> {
+                                outcome = co_await poll();
+                                co_return outcome.has_value();
+                              });
   } catch (const boost::system::system_error& e) {
     if (!is_cancel(e)) throw;
+    outcome.reset();
   }
-  co_return make_error(Errc::cancelled, fmt::format("waiting for {} to be ready: cancelled", unit));
+  if (outcome) co_return *outcome;
+  co_return make_error(Errc::cancelled, fmt::format("waiting for {} to be ready: cancelled", unit_));
+}
+
+// One poll: the unit's state, then the probes when it runs, the journal, and the time limits;
+// nullopt when the server is not ready yet and may still become so.
+awaitable<std::optional<Result<void>>> ReadyWait::poll() {
+  auto st = co_await manager_.status(unit_);
+  bool alive = false;
+  if (!st) {
+    // A failed status query is not the unit failing: keep polling until the deadline.
+    last_answer_ = st.error().message;
+  } else {
+    const auto& s = *st;
+    const bool dead_now = s.active_state == units::ActiveState::failed ||
+                          (s.active_state == units::ActiveState::inactive &&
+                           (seen_active_ || (!s.result.empty() && s.result != "success")));
+    if (dead_now) co_return Result<void>(co_await dead(s));
+    const bool running = s.active_state == units::ActiveState::active || s.active_state == units::ActiveState::reloading;
+    const bool pid_alive = s.main_pid == 0 || process_exists(s.main_pid);
+    alive = (running || s.active_state == units::ActiveState::activating) && pid_alive;
+    if (running && !pid_alive) {
+      // systemd notices the exit a moment later; the next poll reports the unit dead.
+      last_answer_ = fmt::format("{}'s main process {} has exited", unit_, s.main_pid);
+    } else if (running) {
+      if (auto done = co_await probe_running(s)) co_return done;
+    } else {
+      last_answer_ = fmt::format("{} is {} ({})", unit_, units::to_string(s.active_state), s.sub_state);
+    }
+    co_await read_output(s);
+  }
+  if (auto e = hung_or_late(alive, st ? st->main_pid : 0)) co_return Result<void>(*e);
+  co_return std::nullopt;
+}
+
+// Reads the journal; false when it is (or has become) unreadable.
+awaitable<bool> ReadyWait::read_output(const units::UnitStatus& st) {
+  if (!output_readable_) co_return false;
+  auto out = co_await options_.output(st);
+  if (!out) {
+    output_readable_ = false;
+    if (options_.on_output_unreadable) options_.on_output_unreadable(out.error().message);
+    co_return false;
+  }
+  if (!out->newest_cursor.empty() && out->newest_cursor != last_cursor_) {
+    last_cursor_ = out->newest_cursor;
+    last_activity_ = Clock::now();
+  }
+  last_lines_ = std::move(out->lines);
+  co_return true;
+}
+
+// unit_failed for a unit that failed or stopped while starting, with its last journal lines.
+awaitable<Error> ReadyWait::dead(const units::UnitStatus& s) {
+  std::string said;
+  if (options_.output) {
+    // journald stores a stream's last lines a moment after the process is gone: read until two
+    // reads agree, for at most a second.
+    std::string before = last_cursor_;
+    for (int i = 0; i < 5 && co_await read_output(s); ++i) {
+      if (i > 0 && last_cursor_ == before) break;
+      before = last_cursor_;
+      if (!co_await util::pause_for(std::chrono::milliseconds(200))) break;
+    }
+    if (!output_readable_)
+      said = "; its journal could not be read";
+    else if (last_lines_.empty())
+      said = "; it wrote nothing to its journal";
+    else
+      said = fmt::format("; its last journal lines:{}", quoted_lines(last_lines_, target_));
+  }
+  co_return make_error(Errc::unit_failed,
+                       fmt::format("{} {} while starting after {} (result {}, exit status {}){}", unit_,
+                                   s.active_state == units::ActiveState::failed ? "failed" : "stopped",
+                                   seconds(since(start_)), s.result.empty() ? "unknown" : s.result,
+                                   s.exec_main_status, said));
+}
+
+// The port, then the HTTP probes, of a unit that runs: success once ready, cancelled, or nullopt
+// (not ready yet, last_answer_ saying why).
+awaitable<std::optional<Result<void>>> ReadyWait::probe_running(const units::UnitStatus& s) {
+  seen_active_ = true;
+  passed(Step::unit_active, s.main_pid ? fmt::format("{} is active, main process {} alive", unit_, s.main_pid)
+                                       : fmt::format("{} is active", unit_));
+  auto port = co_await port_accepts(target_);
+  if (!port) {
+    last_answer_ = port.error().message;
+    co_return std::nullopt;
+  }
+  passed(Step::port, fmt::format("port {} accepts connections", target_.port));
+  auto probe = co_await probe_steps(client_, target_, [this](Step step, const std::string& text) { passed(step, text); });
+  if (probe) {
+    passed(Step::ready, fmt::format("{} is ready after {}", unit_, seconds(since(start_))));
+    co_return Result<void>{};
+  }
+  if (probe.error().code == Errc::cancelled) co_return Result<void>(probe.error());
+  // An HTTP answer, even a refusal, shows the server is not silent.
+  if (probe.error().code == Errc::health_failed) last_activity_ = Clock::now();
+  last_answer_ = probe.error().message;
+  co_return std::nullopt;
+}
+
+// readiness_timeout for a server alive but silent for stall_timeout (hung) or not ready by the
+// deadline; else tells on_progress, every progress_every, and returns nullopt.
+std::optional<Error> ReadyWait::hung_or_late(bool alive, std::uint32_t main_pid) {
+  const auto now = Clock::now();
+  const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_activity_);
+  const std::string line = last_line();
+  if (alive && output_readable_ && options_.stall_timeout.count() > 0 && silent >= options_.stall_timeout)
+    return make_error(Errc::readiness_timeout,
+                      fmt::format("{} is hung: its main process {} is alive but has been silent for {} (no journal "
+                                  "line, no HTTP answer; stall_timeout {}), not ready after {}; last step reached: {}; "
+                                  "last answer: {}; last server line: '{}'",
+                                  unit_, main_pid, seconds(silent), seconds(options_.stall_timeout),
+                                  seconds(since(start_)), reached_name(), last_answer_, line.empty() ? "none" : line));
+  if (now >= deadline_)
+    return make_error(Errc::readiness_timeout,
+                      fmt::format("{} was not ready within {}; last step reached: {}; last answer: {}{}", unit_,
+                                  seconds(options_.timeout), reached_name(), last_answer_,
+                                  line.empty() ? std::string() : fmt::format("; last server line: '{}'", line)));
+  if (now >= next_progress_) {
+    next_progress_ = now + options_.progress_every;
+    if (options_.on_progress) options_.on_progress(Progress{since(start_), silent, line, last_answer_});
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+awaitable<Result<void>> wait_ready(http::Client& client, units::ServiceManager& manager, const std::string& unit,
+                                   const Target& target, const ReadyOptions& options) {
+  ReadyWait wait(client, manager, unit, target, options);
+  co_return co_await wait.run();
 }
 
 awaitable<Result<BenchmarkResult>> benchmark(http::Client& client, const Target& target, const std::string& prompt,

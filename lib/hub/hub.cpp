@@ -2,6 +2,7 @@
 
 #include "sys/log.hpp"
 #include "util/on_pool.hpp"
+#include "util/poll.hpp"
 #include "util/text.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -44,17 +45,6 @@ std::string excerpt(std::string_view text, std::size_t limit) {
   std::string out = util::escape_control(text.substr(0, limit));
   if (text.size() > limit) out += "...";
   return out;
-}
-
-bool retryable_status(unsigned status) { return status == 408 || status == 429 || (status >= 500 && status < 600); }
-
-// Retry-After as seconds or an HTTP-date (RFC 9110 10.2.3).
-std::optional<std::chrono::milliseconds> retry_after(const http::ResponseHead& head) {
-  auto v = head.headers.get("Retry-After");
-  if (!v) return std::nullopt;
-  auto s = http::parse_retry_after(*v, std::chrono::system_clock::now());
-  if (!s) return std::nullopt;
-  return std::chrono::milliseconds(std::min<std::chrono::seconds>(*s, std::chrono::hours(24)));
 }
 
 bool valid_repo_id(std::string_view repo) {
@@ -404,36 +394,24 @@ awaitable<Result<http::Response>> Hub::get(const http::Url& url, std::size_t max
   http::Request request;
   request.url = url;
   request.headers.add("Accept", "application/json");
-  Error last = make_error(Errc::internal, what + ": not tried");
-  const unsigned tries = std::max(1u, retry_.max_tries);
-  for (unsigned attempt = 1;; ++attempt) {
-    std::optional<std::chrono::milliseconds> wait;
+  Retrier retrier(retry_);
+  for (;;) {
+    std::optional<std::chrono::seconds> asked;
     auto r = co_await get_once(request, max_body, what);
-    if (!r) {
-      if (r.error().code != Errc::network_error && r.error().code != Errc::timeout) co_return r.error();
-      last = r.error();
-    } else if (r->head.status >= 200 && r->head.status < 300) {
-      co_return r;
-    } else {
-      last = error_from_response(r->head, what);
-      if (!retryable_status(r->head.status)) co_return last;
-      if (auto ra = retry_after(r->head)) wait = std::min(*ra, retry_.max_retry_after);
-    }
-    if (attempt >= tries) break;
+    if (r && r->head.status >= 200 && r->head.status < 300) co_return r;
+    Error last = r ? error_from_response(r->head, what) : r.error();
+    if (r ? !retryable_status(r->head.status) : !retryable(r.error().code)) co_return last;
+    if (r) asked = retry_after(r->head);
+    auto wait = retrier.failed(asked);
     if (!wait) {
-      wait = retry_.backoff.empty() ? std::chrono::milliseconds(0)
-                                    : retry_.backoff[std::min<std::size_t>(attempt - 1, retry_.backoff.size() - 1)];
+      last.message += fmt::format(" (gave up after {} tries)", retrier.max_tries());
+      co_return last;
     }
     // A deployment that sits in planning through minutes of retries says why, each time.
     sys::logf(sys::Level::warning, "{}; retrying in {:.1f} s (try {} of {})", last.message,
-              std::chrono::duration<double>(*wait).count(), attempt + 1, tries);
-    asio::steady_timer timer(co_await asio::this_coro::executor);
-    timer.expires_after(*wait);
-    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (ec) co_return make_error(Errc::cancelled, what + ": cancelled");
+              std::chrono::duration<double>(*wait).count(), retrier.failures() + 1, retrier.max_tries());
+    if (!co_await util::pause_for(*wait)) co_return make_error(Errc::cancelled, what + ": cancelled");
   }
-  last.message += fmt::format(" (gave up after {} tries)", tries);
-  co_return last;
 }
 
 // One try of get(): the request races a timer of listing_timeout; the loser is cancelled.

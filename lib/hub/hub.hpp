@@ -3,6 +3,7 @@
 // commit and list its files, build download URLs, and map the Hub's error answers to Errc.
 
 #include "http/client.hpp"
+#include "hub/retry.hpp"
 #include "repo/snapshot.hpp"
 #include "util/error.hpp"
 #include "util/single_flight.hpp"
@@ -21,16 +22,6 @@
 #include <vector>
 
 namespace modeld::hub {
-
-/// How the listing is retried (hub-protocol.md "Retries"): on 408, 429, 5xx, network errors
-/// and timeouts, waiting backoff[i] before try i+2 (the last entry repeats), or Retry-After
-/// seconds when the Hub sends it, capped at max_retry_after.
-struct RetryPolicy {
-  unsigned max_tries = 5;
-  std::vector<std::chrono::milliseconds> backoff{std::chrono::seconds(1), std::chrono::seconds(2),
-                                                 std::chrono::seconds(4), std::chrono::seconds(8)};
-  std::chrono::milliseconds max_retry_after = std::chrono::seconds(30);
-};
 
 /// Listings already read, by endpoint, repository and commit (a commit's listing never changes),
 /// least recently used first out. Never keyed on or holding the token. Not thread-safe: used on

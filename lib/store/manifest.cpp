@@ -145,41 +145,94 @@ Result<MissingFiles> Store::plan_missing(const std::string& name, const repo::Sn
   return find_missing(name, snapshot, false);
 }
 
+namespace {
+
+// A verified revision of the same model that planning may hard-link unchanged files from.
+struct Source {
+  std::string commit;
+  Manifest manifest;
+};
+
+// Every revision of `name` other than `commit` whose manifest can be read (one that cannot is
+// simply not a source).
+std::vector<Source> link_sources(const Store& store, const std::string& name, const std::string& commit) {
+  std::vector<Source> sources;
+  struct stat st {};
+  const auto model_root = store.models_dir() / ".store" / name;
+  if (::lstat(model_root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return sources;
+  std::error_code ec;
+  for (fs::directory_iterator it(model_root, ec), end; !ec && it != end; it.increment(ec)) {
+    auto c = it->path().filename().string();
+    if (c == commit || !detail::valid_commit(c)) continue;
+    if (auto m = store.read_manifest(name, c); m && *m) sources.push_back({c, std::move(**m)});
+  }
+  return sources;
+}
+
+// Where each content key can be found in `sources`: key -> (source, file) indices.
+using KeyIndex = std::map<std::string, std::vector<std::pair<std::size_t, std::size_t>>>;
+
+KeyIndex index_by_content(const std::vector<Source>& sources) {
+  KeyIndex by_key;
+  for (std::size_t s = 0; s < sources.size(); ++s)
+    for (std::size_t i = 0; i < sources[s].manifest.files.size(); ++i) {
+      const auto& mf = sources[s].manifest.files[i];
+      if (util::safe_relative_path(mf.path)) by_key[content_key(mf.sha256, mf.git_sha1, mf.size)].emplace_back(s, i);
+    }
+  return by_key;
+}
+
+// Hard-links `src` to `dest` under a temporary name renamed over whatever stale file is in the
+// way; false when that fails (e.g. EXDEV, EMLINK: the file is downloaded instead).
+bool link_over(const fs::path& src, const fs::path& dest) {
+  std::error_code ec;
+  fs::create_directories(dest.parent_path(), ec);
+  if (ec) return false;
+  auto tmp = dest;
+  tmp += fmt::format(".link-{}-{}", ::getpid(), temp_counter.fetch_add(1));
+  ::unlink(tmp.c_str());
+  if (::link(src.c_str(), tmp.c_str()) != 0) return false;
+  if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+// Whether the store holds `f`'s content in a file of `sources` that still has its verified
+// identity (only such a file is trusted without re-hashing); when `link`, also whether linking
+// it to `dest` succeeded (the dry run stops at the decision).
+bool link_unchanged(const Store& store, const std::string& name, const std::vector<Source>& sources,
+                    const KeyIndex& by_key, const repo::RepoFile& f, const fs::path& dest, bool link) {
+  auto found = by_key.find(f.lfs_sha256 ? content_key(*f.lfs_sha256, "", f.size) : content_key("", f.blob_id, f.size));
+  if (found == by_key.end()) return false;
+  for (auto [s, i] : found->second) {
+    const auto& mf = sources[s].manifest.files[i];
+    const auto src = store.revision_dir(name, sources[s].commit) / mf.path;
+    auto before = identity_of(src);
+    if (!before || *before != mf.identity) continue;
+    if (!link || link_over(src, dest)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Result<MissingFiles> Store::find_missing(const std::string& name, const repo::Snapshot& snapshot, bool link) {
   if (auto r = detail::check_names(name, snapshot.commit); !r) return r.error();
   for (const auto& f : snapshot.files)
     if (!util::safe_relative_path(f.path))
       return make_error(Errc::plan_invalid, fmt::format("{}: path escapes the model folder", f.path));
   const auto target = revision_dir(name, snapshot.commit);
-  std::error_code ec;
   if (link) {
+    std::error_code ec;
     fs::create_directories(target, ec);
     if (ec) return make_error(Errc::io_error, fmt::format("{}: create directory: {}", target.string(), ec.message()));
   }
 
   // Verified revisions of the same model, and where each content key can be found in them.
-  struct Source {
-    std::string commit;
-    Manifest manifest;
-  };
-  std::vector<Source> sources;
-  {
-    struct stat st {};
-    const auto model_root = models_dir_ / ".store" / name;
-    if (::lstat(model_root.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      for (fs::directory_iterator it(model_root, ec), end; !ec && it != end; it.increment(ec)) {
-        auto c = it->path().filename().string();
-        if (c == snapshot.commit || !detail::valid_commit(c)) continue;
-        // A revision whose manifest cannot be read is simply not a source.
-        if (auto m = read_manifest(name, c); m && *m) sources.push_back({c, std::move(**m)});
-      }
-  }
-  std::map<std::string, std::vector<std::pair<std::size_t, std::size_t>>> by_key;  // key -> (source, file)
-  for (std::size_t s = 0; s < sources.size(); ++s)
-    for (std::size_t i = 0; i < sources[s].manifest.files.size(); ++i) {
-      const auto& mf = sources[s].manifest.files[i];
-      if (util::safe_relative_path(mf.path)) by_key[content_key(mf.sha256, mf.git_sha1, mf.size)].emplace_back(s, i);
-    }
+  const auto sources = link_sources(*this, name, snapshot.commit);
+  const auto by_key = index_by_content(sources);
 
   // Linking changes the ctime of the sources' files: the manifests that record them (the sources'
   // and any other) are re-recorded after, and nothing checks them half-way.
@@ -192,7 +245,6 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const repo::Sn
   }
 
   MissingFiles out;
-  auto& missing = out.missing;
   for (const auto& f : snapshot.files) {
     const auto dest = target / f.path;
     struct stat st {};
@@ -200,41 +252,10 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const repo::Sn
       out.present_bytes = util::add_bytes(out.present_bytes, f.size);
       continue;  // present; its hash is checked by the fetch engine or verification later
     }
-
-    bool linked = false;
-    auto found = by_key.find(f.lfs_sha256 ? content_key(*f.lfs_sha256, "", f.size) : content_key("", f.blob_id, f.size));
-    if (found == by_key.end()) {
-      missing.push_back(f);
-      continue;
-    }
-    for (auto [s, i] : found->second) {
-      const auto& mf = sources[s].manifest.files[i];
-      const auto src = revision_dir(name, sources[s].commit) / mf.path;
-      // Only a file that still has its verified identity is trusted without re-hashing.
-      auto before = identity_of(src);
-      if (!before || *before != mf.identity) continue;
-      if (!link) {
-        linked = true;  // the dry run stops at the decision: this file would be linked
-        break;
-      }
-      fs::create_directories(dest.parent_path(), ec);
-      if (ec) continue;
-      // Link under a temporary name and rename over whatever stale file is in the way.
-      auto tmp = dest;
-      tmp += fmt::format(".link-{}-{}", ::getpid(), temp_counter.fetch_add(1));
-      ::unlink(tmp.c_str());
-      if (::link(src.c_str(), tmp.c_str()) != 0) continue;  // e.g. EXDEV, EMLINK: download it instead
-      if (::rename(tmp.c_str(), dest.c_str()) != 0) {
-        ::unlink(tmp.c_str());
-        continue;
-      }
-      linked = true;
-      break;
-    }
-    if (linked)
+    if (link_unchanged(*this, name, sources, by_key, f, dest, link))
       out.linkable_bytes = util::add_bytes(out.linkable_bytes, f.size);
     else
-      missing.push_back(f);
+      out.missing.push_back(f);
   }
 
   if (relinking) relinking->finish();

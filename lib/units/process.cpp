@@ -222,29 +222,116 @@ Result<std::chrono::milliseconds> parse_timespan(std::string_view v) {
 
 }  // namespace
 
+namespace {
+
+// The logical line of a drop-in starting at `pos` (moved past it): a line ending in a backslash
+// continues on the next one, joined by a space (systemd.syntax); `number` counts the physical
+// lines read so far.
+std::string next_line(std::string_view content, std::size_t& pos, int& number) {
+  std::string line;
+  while (pos < content.size()) {
+    auto nl = content.find('\n', pos);
+    std::string_view part = content.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    pos = nl == std::string_view::npos ? content.size() : nl + 1;
+    ++number;
+    if (!part.empty() && part.back() == '\r') part.remove_suffix(1);
+    if (!part.empty() && part.back() == '\\') {
+      line.append(part.substr(0, part.size() - 1));
+      line += ' ';
+      continue;
+    }
+    line.append(part);
+    break;
+  }
+  return line;
+}
+
+// ExecStart=VALUE applied to `out` (an empty value resets the command); config_invalid with the
+// message for the drop-in's line.
+Result<void> set_exec_start(ProcessSpec& out, std::string_view value, const std::string& unit) {
+  auto error = [](std::string message) { return make_error(Errc::config_invalid, std::move(message)); };
+  if (value.empty()) {
+    out.argv.clear();
+    return {};
+  }
+  // Prefixes that change how systemd runs the command; '-' (ignore the exit status) and
+  // the privilege ones have no meaning here.
+  while (!value.empty() && (value.front() == '-' || value.front() == '@' || value.front() == ':' ||
+                            value.front() == '+' || value.front() == '!'))
+    value.remove_prefix(1);
+  auto words = split_words(value);
+  if (!words) return error("ExecStart=: " + words.error().message);
+  if (words->empty()) return error("ExecStart= names no program");
+  if (!out.argv.empty()) return error("a second ExecStart= (a Type=exec service runs one command)");
+  std::vector<std::string> argv;
+  for (const auto& w : *words) {
+    auto s = specifiers(w, unit);
+    if (!s) return error("ExecStart=: " + s.error().message);
+    argv.push_back(std::move(*s));
+  }
+  out.argv = std::move(argv);
+  return {};
+}
+
+// Environment=VALUE applied to `out` (an empty value resets the list); config_invalid with the
+// message for the drop-in's line.
+Result<void> add_environment(ProcessSpec& out, std::string_view value, const std::string& unit) {
+  auto error = [](std::string message) { return make_error(Errc::config_invalid, std::move(message)); };
+  if (value.empty()) {
+    out.environment.clear();
+    return {};
+  }
+  auto words = split_words(value);
+  if (!words) return error("Environment=: " + words.error().message);
+  for (const auto& w : *words) {
+    auto s = specifiers(w, unit);
+    if (!s) return error("Environment=: " + s.error().message);
+    auto e = s->find('=');
+    if (e == std::string::npos || e == 0) return error(fmt::format("Environment=: \"{}\" is not KEY=VALUE", *s));
+    // '$' has no special meaning in Environment= (systemd.exec(5)): kept as written.
+    out.environment.push_back(std::move(*s));
+  }
+  return {};
+}
+
+// KEY=VALUE of a drop-in's [Service] section applied to `out`; config_invalid with the message
+// for the drop-in's line.
+Result<void> apply_service_setting(ProcessSpec& out, std::string_view key, std::string_view value,
+                                   const std::string& unit) {
+  if (key == "ExecStart") return set_exec_start(out, value, unit);
+  if (key == "Environment") return add_environment(out, value, unit);
+  if (key == "WorkingDirectory") {
+    // The rest of the line is the path, without quotes; '-' makes a missing folder no error.
+    if (!value.empty() && value.front() == '-') value.remove_prefix(1);
+    if (value.empty()) {
+      out.working_directory.clear();
+      return {};
+    }
+    auto s = specifiers(value, unit);
+    if (!s) return make_error(Errc::config_invalid, "WorkingDirectory=: " + s.error().message);
+    if (s->front() != '/')
+      return make_error(Errc::config_invalid, fmt::format("WorkingDirectory={} is not an absolute path", *s));
+    out.working_directory = *s;
+  } else if (key == "TimeoutStopSec" || key == "TimeoutSec") {
+    auto t = parse_timespan(value);
+    if (!t) return make_error(Errc::config_invalid, std::string(key) + "=: " + t.error().message);
+    out.stop_timeout = *t;
+  }
+  // Every other setting (TimeoutStartSec= included: modeld enforces startup_timeout itself) is
+  // systemd's business and has no meaning here.
+  return {};
+}
+
+}  // namespace
+
 Result<void> apply_dropin(ProcessSpec& spec, std::string_view content, const std::string& unit) {
   ProcessSpec out = spec;
   std::string section;
   int number = 0;
   std::size_t pos = 0;
   while (pos < content.size()) {
-    // A line ending in a backslash continues on the next one, joined by a space (systemd.syntax).
-    std::string line;
     int first = number + 1;
-    while (pos < content.size()) {
-      auto nl = content.find('\n', pos);
-      std::string_view part = content.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
-      pos = nl == std::string_view::npos ? content.size() : nl + 1;
-      ++number;
-      if (!part.empty() && part.back() == '\r') part.remove_suffix(1);
-      if (!part.empty() && part.back() == '\\') {
-        line.append(part.substr(0, part.size() - 1));
-        line += ' ';
-        continue;
-      }
-      line.append(part);
-      break;
-    }
+    std::string line = next_line(content, pos, number);
     auto where = [&](std::string_view message) {
       return make_error(Errc::config_invalid, fmt::format("drop-in of {}, line {}: {}", unit, first, message));
     };
@@ -257,63 +344,9 @@ Result<void> apply_dropin(ProcessSpec& spec, std::string_view content, const std
     }
     auto eq = l.find('=');
     if (eq == std::string_view::npos) return where(fmt::format("\"{}\" is not KEY=VALUE", l));
-    std::string_view key = trim(l.substr(0, eq));
-    std::string_view value = trim(l.substr(eq + 1));
     if (section != "Service") continue;
-    if (key == "ExecStart") {
-      if (value.empty()) {
-        out.argv.clear();
-        continue;
-      }
-      // Prefixes that change how systemd runs the command; '-' (ignore the exit status) and
-      // the privilege ones have no meaning here.
-      while (!value.empty() && (value.front() == '-' || value.front() == '@' || value.front() == ':' ||
-                                value.front() == '+' || value.front() == '!'))
-        value.remove_prefix(1);
-      auto words = split_words(value);
-      if (!words) return where("ExecStart=: " + words.error().message);
-      if (words->empty()) return where("ExecStart= names no program");
-      if (!out.argv.empty()) return where("a second ExecStart= (a Type=exec service runs one command)");
-      std::vector<std::string> argv;
-      for (const auto& w : *words) {
-        auto s = specifiers(w, unit);
-        if (!s) return where("ExecStart=: " + s.error().message);
-        argv.push_back(std::move(*s));
-      }
-      out.argv = std::move(argv);
-    } else if (key == "WorkingDirectory") {
-      // The rest of the line is the path, without quotes; '-' makes a missing folder no error.
-      if (!value.empty() && value.front() == '-') value.remove_prefix(1);
-      if (value.empty()) {
-        out.working_directory.clear();
-        continue;
-      }
-      auto s = specifiers(value, unit);
-      if (!s) return where("WorkingDirectory=: " + s.error().message);
-      if (s->front() != '/') return where(fmt::format("WorkingDirectory={} is not an absolute path", *s));
-      out.working_directory = *s;
-    } else if (key == "Environment") {
-      if (value.empty()) {
-        out.environment.clear();
-        continue;
-      }
-      auto words = split_words(value);
-      if (!words) return where("Environment=: " + words.error().message);
-      for (const auto& w : *words) {
-        auto s = specifiers(w, unit);
-        if (!s) return where("Environment=: " + s.error().message);
-        auto e = s->find('=');
-        if (e == std::string::npos || e == 0) return where(fmt::format("Environment=: \"{}\" is not KEY=VALUE", *s));
-        // '$' has no special meaning in Environment= (systemd.exec(5)): kept as written.
-        out.environment.push_back(std::move(*s));
-      }
-    } else if (key == "TimeoutStopSec" || key == "TimeoutSec") {
-      auto t = parse_timespan(value);
-      if (!t) return where(std::string(key) + "=: " + t.error().message);
-      out.stop_timeout = *t;
-    }
-    // Every other setting (TimeoutStartSec= included: modeld enforces startup_timeout itself) is
-    // systemd's business and has no meaning here.
+    if (auto r = apply_service_setting(out, trim(l.substr(0, eq)), trim(l.substr(eq + 1)), unit); !r)
+      return where(r.error().message);
   }
   spec = std::move(out);
   return {};
@@ -480,6 +513,73 @@ struct Unit {
   std::uint64_t run = 0;  // counts runs, so a callback of an earlier one is ignored
 };
 
+// A new run of `u`, started by this modeld: forgets the last one.
+void begin_run(Unit& u) {
+  u.pid = 0;
+  u.own_child = true;
+  u.stopping = u.killed = false;
+  u.wait_status.reset();
+  u.invocation_id = random_id();
+  u.stop_timeout = u.spec.stop_timeout;
+  u.final_state = "inactive";
+  u.result = "success";
+  u.exec_main_status = 0;
+  ++u.run;
+}
+
+// The environment of `u`'s run: the daemon's PATH (where the program is looked up, as systemd
+// searches its own), the invocation ID, then the drop-in's Environment= (later ones win).
+std::vector<std::string> run_environment(const Unit& u) {
+  std::vector<std::string> env;
+  const char* path = std::getenv("PATH");
+  env.push_back(std::string("PATH=") + (path && *path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+  env.push_back("INVOCATION_ID=" + u.invocation_id);
+  for (const auto& kv : u.spec.environment) {
+    auto key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(env, [&](const std::string& e) { return e.starts_with(key); });
+    env.push_back(kv);
+  }
+  return env;
+}
+
+// Spawns `argv` with `env` in `working_directory` (none: modeld's), stdin from /dev/null and
+// stdout and stderr to `out_fd` (-1: modeld's); sets `pid` and returns posix_spawnp's result.
+int spawn_in_own_session(std::vector<std::string>& argv, std::vector<std::string>& env,
+                         const fs::path& working_directory, int out_fd, pid_t& pid) {
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  if (out_fd >= 0) {
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+  }
+  if (!working_directory.empty())
+    posix_spawn_file_actions_addchdir_np(&fa, working_directory.c_str());
+  // asio does not open its sockets with O_CLOEXEC: the server must not inherit the control
+  // socket or Hub connections.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  // Its own session and process group, every signal at its default and none blocked: signals
+  // modeld ignores (SIGPIPE) or handles must not leak into the server.
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  for (auto& e : env) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
+  int r = posix_spawnp(&pid, cargv[0], &fa, &attr, cargv.data(), cenv.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  return r;
+}
+
 class Core : public std::enable_shared_from_this<Core> {
  public:
   Core(asio::any_io_executor executor, ProcessManagerOptions options)
@@ -520,17 +620,7 @@ class Core : public std::enable_shared_from_this<Core> {
     if (u.spec.argv.empty())
       return make_error(Errc::unit_failed, fmt::format("{}: cannot start: no ExecStart= (no drop-in written for it)", name));
 
-    // A new run: forget the last one.
-    u.pid = 0;
-    u.own_child = true;
-    u.stopping = u.killed = false;
-    u.wait_status.reset();
-    u.invocation_id = random_id();
-    u.stop_timeout = u.spec.stop_timeout;
-    u.final_state = "inactive";
-    u.result = "success";
-    u.exec_main_status = 0;
-    ++u.run;
+    begin_run(u);
 
     auto fail = [&](int status, std::string message) -> Result<void> {
       // What systemd reports for a service whose exec failed (EXIT_CHDIR 200, EXIT_EXEC 203).
@@ -540,17 +630,7 @@ class Core : public std::enable_shared_from_this<Core> {
       return make_error(Errc::unit_failed, fmt::format("{}: {}", name, message));
     };
 
-    // The environment: the daemon's PATH (where the program is looked up, as systemd searches
-    // its own), the invocation ID, then the drop-in's Environment= (later ones win).
-    std::vector<std::string> env;
-    const char* path = std::getenv("PATH");
-    env.push_back(std::string("PATH=") + (path && *path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
-    env.push_back("INVOCATION_ID=" + u.invocation_id);
-    for (const auto& kv : u.spec.environment) {
-      auto key = kv.substr(0, kv.find('=') + 1);
-      std::erase_if(env, [&](const std::string& e) { return e.starts_with(key); });
-      env.push_back(kv);
-    }
+    auto env = run_environment(u);
     auto argv = exec_argv(u.spec, env);
 
     if (!u.spec.working_directory.empty()) {
@@ -564,38 +644,8 @@ class Core : public std::enable_shared_from_this<Core> {
     int out_fd = -1;
     if (options_.journal) out_fd = sd_journal_stream_fd(identifier(name).c_str(), LOG_INFO, 0);
 
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    if (out_fd >= 0) {
-      posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-      posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
-    }
-    if (!u.spec.working_directory.empty())
-      posix_spawn_file_actions_addchdir_np(&fa, u.spec.working_directory.c_str());
-    // asio does not open its sockets with O_CLOEXEC: the server must not inherit the control
-    // socket or Hub connections.
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    // Its own session and process group, every signal at its default and none blocked: signals
-    // modeld ignores (SIGPIPE) or handles must not leak into the server.
-    sigset_t all, none;
-    sigfillset(&all);
-    sigemptyset(&none);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-
-    std::vector<char*> cargv, cenv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    for (auto& e : env) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
     pid_t pid = 0;
-    int r = posix_spawnp(&pid, cargv[0], &fa, &attr, cargv.data(), cenv.data());
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
+    int r = spawn_in_own_session(argv, env, u.spec.working_directory, out_fd, pid);
     if (out_fd >= 0) ::close(out_fd);
     if (r != 0) return fail(203, fmt::format("cannot start: cannot run {}: {}", argv[0], std::strerror(r)));
 
@@ -633,7 +683,7 @@ class Core : public std::enable_shared_from_this<Core> {
     UnitStatus st;
     auto it = units_.find(name);
     if (it == units_.end()) {
-      st.active_state = "inactive";
+      st.active_state = ActiveState::inactive;
       st.sub_state = "dead";
       return st;
     }
@@ -642,13 +692,13 @@ class Core : public std::enable_shared_from_this<Core> {
     st.loaded = true;
     st.invocation_id = u.invocation_id;
     if (u.main_running && !u.stopping) {
-      st.active_state = "active";
+      st.active_state = ActiveState::active;
       st.sub_state = "running";
     } else if (u.main_running || u.pgid) {
-      st.active_state = "deactivating";
+      st.active_state = ActiveState::deactivating;
       st.sub_state = u.killed ? "stop-sigkill" : "stop-sigterm";
     } else {
-      st.active_state = u.final_state;
+      st.active_state = parse_active_state(u.final_state);
       st.sub_state = u.final_state == "failed" ? "failed" : "dead";
     }
     // Like MainPID, no process is named once the main one has ended; Result and ExecMainStatus
@@ -899,7 +949,7 @@ class Core : public std::enable_shared_from_this<Core> {
 class ProcessManager final : public ServiceManager {
  public:
   ProcessManager(asio::any_io_executor executor, ProcessManagerOptions options)
-      : core_(std::make_shared<Core>(std::move(executor), std::move(options))) {
+      : journal_(options.journal), core_(std::make_shared<Core>(std::move(executor), std::move(options))) {
     core_->init();
   }
   // The servers keep running: a modeld restart must not stop the model (see the file comment).
@@ -922,8 +972,15 @@ class ProcessManager final : public ServiceManager {
   Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) override {
     return core_->write_dropin(unit, name, content);
   }
+  // The servers write to journald under their own identifier, when journald's stream socket is
+  // there to take it (start() asks sd_journal_stream_fd); in a container without journald their
+  // output goes to modeld's own.
+  JournalSource journal_of(const std::string& unit) const override {
+    return JournalSource{identifier(unit), journal_ && ::access("/run/systemd/journal/stdout", F_OK) == 0};
+  }
 
  private:
+  bool journal_;
   std::shared_ptr<Core> core_;
 };
 

@@ -19,9 +19,24 @@
 
 namespace modeld::units {
 
+/// systemd's ActiveState of a unit, parsed once by each backend.
+enum class ActiveState { inactive, active, activating, deactivating, reloading, failed, maintenance, refreshing, unknown };
+
+/// systemd's word for `state` ("active", "inactive", ...; "unknown" for unknown).
+std::string_view to_string(ActiveState state);
+
+/// The ActiveState that systemd's word `text` names; unknown for any other text.
+ActiveState parse_active_state(std::string_view text);
+
+/// Whether a unit in `state` has stopped: inactive or failed.
+bool is_stopped(ActiveState state);
+
+/// Whether a unit in `state` is up or coming up: active, activating or reloading.
+bool is_up(ActiveState state);
+
 /// A unit's state as systemd reports it (ActiveState, SubState, ExecMainPID, ...).
 struct UnitStatus {
-  std::string active_state;  ///< "active", "inactive", "failed", "activating", "deactivating", "reloading"
+  ActiveState active_state = ActiveState::unknown;
   std::string sub_state;     ///< "running", "dead", "exited", ...
   std::uint32_t main_pid = 0;
   int exec_main_status = 0;  ///< exit status of the main process when it exited
@@ -30,6 +45,15 @@ struct UnitStatus {
   /// InvocationID: 32 lower-case hex digits naming this run of the unit (its journal lines carry
   /// it as _SYSTEMD_INVOCATION_ID); empty when the unit never ran or the backend does not know.
   std::string invocation_id;
+};
+
+/// Where a unit's output goes in the journal.
+struct JournalSource {
+  /// SYSLOG_IDENTIFIER its lines carry when they are found by identifier (the process backend:
+  /// "modeld-serve@NAME"); empty: found by the unit's name and invocation ID (systemd).
+  std::string identifier;
+  /// false when the output cannot be read from a journal (no journald: it goes to modeld's own).
+  bool readable = true;
 };
 
 /// Unit name of a model's service: "modeld-serve@NAME.service" (interface.md).
@@ -53,7 +77,14 @@ class ServiceManager {
   virtual boost::asio::awaitable<Result<void>> reload() = 0;
   /// Writes unit_dir/UNIT.d/NAME atomically (mode 0644); io_error naming the path.
   virtual Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) = 0;
+  /// Where the unit's output is in the journal (the systemd backend's default: by unit and
+  /// invocation, readable). Does not block.
+  virtual JournalSource journal_of(const std::string& unit) const;
 };
+
+/// ResetFailed(unit), best effort (StartUnit reports the real problem), then StartUnit(unit):
+/// a unit left failed by an earlier run starts again. Errors: those of start().
+boost::asio::awaitable<Result<void>> reset_failed_and_start(ServiceManager& manager, std::string unit);
 
 /// Writes unit_dir/UNIT.d/NAME atomically with mode 0644, creating UNIT.d (0755, and unit_dir
 /// if needed) when missing;

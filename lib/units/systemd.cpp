@@ -112,7 +112,9 @@ Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
   std::string load_state;
   if (auto r = get_string(kUnit, "LoadState", load_state); !r) return r.error();
   st.loaded = load_state == "loaded";
-  if (auto r = get_string(kUnit, "ActiveState", st.active_state); !r) return r.error();
+  std::string active_state;
+  if (auto r = get_string(kUnit, "ActiveState", active_state); !r) return r.error();
+  st.active_state = parse_active_state(active_state);
   if (auto r = get_string(kUnit, "SubState", st.sub_state); !r) return r.error();
   if (st.loaded && unit.ends_with(".service")) {
     BusError err;
@@ -315,36 +317,6 @@ Result<void> write_dropin_file(const std::filesystem::path& unit_dir, const std:
 std::unique_ptr<ServiceManager> make_systemd_manager(asio::any_io_executor executor,
                                                      std::filesystem::path unit_dir) {
   return std::make_unique<SystemdManager>(std::move(executor), std::move(unit_dir));
-}
-
-asio::awaitable<Result<void>> wait_inactive(ServiceManager& manager, std::string unit,
-                                            std::chrono::milliseconds timeout) {
-  using clock = std::chrono::steady_clock;
-  constexpr auto poll = std::chrono::milliseconds(200);
-  auto deadline = clock::now() + timeout;
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  // Cancellation is checked before every co_await: with the awaitable default
-  // (throw_if_cancelled), awaiting after a cancellation would throw instead of returning a value.
-  auto cancelled = [&]() -> Result<void> {
-    return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
-  };
-  for (;;) {
-    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
-      co_return cancelled();
-    auto st = co_await manager.status(unit);
-    if (!st) co_return st.error();
-    if (st->active_state == "inactive" || st->active_state == "failed") co_return Result<void>{};
-    auto now = clock::now();
-    if (now >= deadline)
-      co_return make_error(Errc::stop_timeout,
-                           fmt::format("{} did not stop within {} ms (still {}/{})", unit,
-                                       timeout.count(), st->active_state, st->sub_state));
-    if ((co_await asio::this_coro::cancellation_state).cancelled() != asio::cancellation_type::none)
-      co_return cancelled();
-    timer.expires_after(std::min<clock::duration>(poll, deadline - now));
-    auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (ec == asio::error::operation_aborted) co_return cancelled();
-  }
 }
 
 }  // namespace modeld::units

@@ -140,26 +140,18 @@ std::string parse_entry(const nlohmann::json& v, TensorInfo& out) {
 
 }  // namespace
 
-Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::path& path,
-                                                         const std::string& display_name,
-                                                         std::string* bad_tensor) {
-  const std::string& file = display_name;
-  if (bad_tensor) bad_tensor->clear();
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0)
-    return make_error(Errc::io_error, fmt::format("{}: open: {}", file, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
-    return make_error(Errc::io_error, fmt::format("{}: stat: {}", file, std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return make_error(Errc::io_error, fmt::format("{}: not a regular file", file));
-  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+namespace {
+
+// The JSON text of the header of the open file `fd` (`file_size` bytes): the 8-byte little-endian
+// length N, then N bytes that must open with '{'. io_error when reading fails, safetensors_invalid
+// (naming no tensor) for a length or an opening the format refuses.
+Result<std::string> read_header_text(int fd, const std::string& file, std::uint64_t file_size,
+                                     std::string* bad_tensor) {
   if (file_size < 8)
     return invalid(file, {}, fmt::format("{} bytes is too short for the 8-byte header length", file_size),
                    bad_tensor);
-
   unsigned char len_bytes[8];
-  if (!read_exactly(f.fd, len_bytes, 8, 0))
+  if (!read_exactly(fd, len_bytes, 8, 0))
     return make_error(Errc::io_error, fmt::format("{}: read: {}", file, errno ? std::strerror(errno) : "file shrank"));
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
@@ -171,7 +163,7 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
                    bad_tensor);
 
   std::string text(static_cast<std::size_t>(n), '\0');
-  if (n > 0 && !read_exactly(f.fd, text.data(), text.size(), 8))
+  if (n > 0 && !read_exactly(fd, text.data(), text.size(), 8))
     return make_error(Errc::io_error, fmt::format("{}: read: {}", file, errno ? std::strerror(errno) : "file shrank"));
   // The reference reader refuses a header that does not open with '{' before parsing it; saying
   // what it opens with tells an array ('[') from binary junk or a zero length.
@@ -181,20 +173,13 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
                    fmt::format("header is not a JSON object: it starts with {} instead of '{{'",
                                describe_byte(static_cast<unsigned char>(text.front()))),
                    bad_tensor);
+  return text;
+}
 
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.what() names the byte position within the header ("at line 1, column 17").
-    return invalid(file, {}, fmt::format("header is not valid JSON: {}", json_error_text(e)), bad_tensor);
-  }
-  if (!j.is_object()) return invalid(file, {}, "header is not a JSON object", bad_tensor);
-
-  SafetensorsHeader h;
-  h.header_size = n;
-  h.data_size = file_size - 8 - n;
-  std::vector<std::pair<const std::string*, const TensorInfo*>> by_offset;
+// Fills `h`'s metadata and tensors from the header object `j`; safetensors_invalid for an entry
+// the format refuses (naming its tensor).
+Result<void> parse_entries(const nlohmann::json& j, const std::string& file, SafetensorsHeader& h,
+                           std::string* bad_tensor) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return invalid(file, {}, "\"__metadata__\" is not a JSON object", bad_tensor);
@@ -210,7 +195,14 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
     if (auto problem = parse_entry(*it, info); !problem.empty()) return invalid(file, it.key(), problem, bad_tensor);
     h.tensors.emplace(it.key(), std::move(info));
   }
+  return {};
+}
 
+// Whether `h`'s tensors cover its data exactly once, without holes, overlaps or trailing bytes;
+// safetensors_invalid otherwise (`file_size` bytes in the file, for the message).
+Result<void> check_coverage(const SafetensorsHeader& h, const std::string& file, std::uint64_t file_size,
+                            std::string* bad_tensor) {
+  std::vector<std::pair<const std::string*, const TensorInfo*>> by_offset;
   for (const auto& [name, info] : h.tensors) by_offset.emplace_back(&name, &info);
   std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
     return std::tie(a.second->begin, a.second->end) < std::tie(b.second->begin, b.second->end);
@@ -229,6 +221,7 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
   }
   // The file size must be exactly 8 + N + the bytes the tensors cover: more is trailing data no
   // reader maps (often a sign of two files concatenated), less means tensors run past the end.
+  const auto n = h.header_size;
   if (covered < h.data_size)
     return invalid(file, {},
                    fmt::format("{} trailing bytes after the last tensor: the tensors cover {} bytes of data but "
@@ -241,6 +234,42 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
                                "only {} after the header (8 + {} + {} != {} bytes)",
                                covered - h.data_size, covered, h.data_size, n, covered, file_size),
                    bad_tensor);
+  return {};
+}
+
+}  // namespace
+
+Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::path& path,
+                                                         const std::string& display_name,
+                                                         std::string* bad_tensor) {
+  const std::string& file = display_name;
+  if (bad_tensor) bad_tensor->clear();
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0)
+    return make_error(Errc::io_error, fmt::format("{}: open: {}", file, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0)
+    return make_error(Errc::io_error, fmt::format("{}: stat: {}", file, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode)) return make_error(Errc::io_error, fmt::format("{}: not a regular file", file));
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  auto text = read_header_text(f.fd, file, file_size, bad_tensor);
+  if (!text) return text.error();
+
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(*text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() names the byte position within the header ("at line 1, column 17").
+    return invalid(file, {}, fmt::format("header is not valid JSON: {}", json_error_text(e)), bad_tensor);
+  }
+  if (!j.is_object()) return invalid(file, {}, "header is not a JSON object", bad_tensor);
+
+  SafetensorsHeader h;
+  h.header_size = text->size();
+  h.data_size = file_size - 8 - h.header_size;
+  if (auto r = parse_entries(j, file, h, bad_tensor); !r) return r.error();
+  if (auto r = check_coverage(h, file, file_size, bad_tensor); !r) return r.error();
   return h;
 }
 

@@ -6,6 +6,7 @@
 #include "util/files.hpp"
 #include "util/text.hpp"
 #include "verify/hash.hpp"
+#include "verify/index.hpp"
 #include "verify/safetensors_detail.hpp"
 
 #include <fmt/format.h>
@@ -44,10 +45,6 @@ std::string_view basename(std::string_view path) {
   return slash == std::string_view::npos ? path : path.substr(slash + 1);
 }
 
-std::string join(std::string_view dir, std::string_view name) {
-  return dir.empty() ? std::string(name) : fmt::format("{}/{}", dir, name);
-}
-
 Problem problem(Errc code, std::string file, std::string tensor, std::string message) {
   return Problem{code, std::move(file), std::move(tensor), std::move(message)};
 }
@@ -78,6 +75,90 @@ Error Report::to_error() const {
                                             problems.size() == 2 ? "" : "s"));
 }
 
+namespace {
+
+// The problem of one listed file that is absent, not a regular file or not of its listed size,
+// or nullopt when it is present as listed.
+std::optional<Problem> presence_problem(const std::filesystem::path& dir, const repo::RepoFile& f) {
+  if (!util::safe_relative_path(f.path))
+    return problem(Errc::plan_invalid, f.path, {}, fmt::format("{}: path escapes the model folder", f.path));
+  struct stat st {};
+  auto p = dir / f.path;
+  if (::lstat(p.c_str(), &st) != 0) {
+    int err = errno;
+    return err == ENOENT ? problem(Errc::checkpoint_incomplete, f.path, {}, fmt::format("{}: missing", f.path))
+                         : problem(Errc::io_error, f.path, {}, fmt::format("{}: stat: {}", f.path, std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode))
+    return problem(Errc::checkpoint_incomplete, f.path, {}, fmt::format("{}: not a regular file", f.path));
+  if (static_cast<std::uint64_t>(st.st_size) != f.size)
+    return problem(Errc::size_mismatch, f.path, {},
+                   fmt::format("{}: {} bytes on disk, the listing says {}", f.path, st.st_size, f.size));
+  return std::nullopt;
+}
+
+// The weight map of the index file `path` (shard path, relative to the model folder -> tensors
+// the index maps to it), or nullopt after adding the problems that make it unusable to `out`.
+std::optional<ShardTensors> read_weight_map(const std::filesystem::path& dir, const std::string& path,
+                                            std::vector<Problem>& out) {
+  auto text = util::read_file(dir / path, kMaxIndexBytes);
+  if (!text) {
+    out.push_back(problem(Errc::io_error, path, {}, fmt::format("{}: {}", path, text.error().message)));
+    return std::nullopt;
+  }
+  std::string bad_tensor;
+  auto by_shard = parse_safetensors_index(*text, path, &bad_tensor);
+  if (!by_shard) {
+    out.push_back(problem(by_shard.error().code, path, bad_tensor, by_shard.error().message));
+    return std::nullopt;
+  }
+  return std::move(*by_shard);
+}
+
+// Adds to `out` the shards the index file `index` names that are not listed, and the tensors
+// that it and the shards' `headers` do not agree on.
+void check_index(const std::filesystem::path& dir, const std::string& index, const std::set<std::string>& listed,
+                 const std::map<std::string, SafetensorsHeader>& headers, std::vector<Problem>& out) {
+  auto by_shard = read_weight_map(dir, index, out);
+  if (!by_shard) return;
+  for (const auto& [shard, tensors] : *by_shard) {
+    if (!listed.count(shard)) {
+      out.push_back(problem(Errc::checkpoint_incomplete, shard, {},
+                            fmt::format("{}: shard named by {} ({} tensors) is not in the listing", shard, index,
+                                        tensors.size())));
+      continue;
+    }
+    auto h = headers.find(shard);
+    if (h == headers.end()) continue;  // missing, wrong size or invalid: reported above
+    for (const auto& t : tensors)
+      if (!h->second.tensors.count(t))
+        out.push_back(problem(Errc::checkpoint_incomplete, shard, t,
+                              fmt::format("{}: tensor '{}': mapped to this shard by {} but not in its header", shard,
+                                          t, index)));
+    for (const auto& [t, info] : h->second.tensors)
+      if (!tensors.count(t))
+        out.push_back(problem(Errc::checkpoint_incomplete, shard, t,
+                              fmt::format("{}: tensor '{}': in the shard but {} does not map it here", shard, t,
+                                          index)));
+  }
+}
+
+// The problem of the model folder's config.json (unreadable, not JSON, not an object), if any.
+std::optional<Problem> config_problem(const std::filesystem::path& dir) {
+  auto text = util::read_file(dir / "config.json", kMaxConfigBytes);
+  if (!text) return problem(Errc::io_error, "config.json", {}, text.error().message);
+  try {
+    auto j = nlohmann::json::parse(*text);
+    if (!j.is_object()) return problem(Errc::checkpoint_incomplete, "config.json", {}, "config.json: not a JSON object");
+  } catch (const nlohmann::json::parse_error& e) {
+    return problem(Errc::checkpoint_incomplete, "config.json", {},
+                   fmt::format("config.json: not valid JSON: {}", json_error_text(e)));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Report check_structure(const std::filesystem::path& dir, const std::vector<repo::RepoFile>& files) {
   Report report;
   auto& out = report.problems;
@@ -85,29 +166,10 @@ Report check_structure(const std::filesystem::path& dir, const std::vector<repo:
   std::set<std::string> present;  // listed, on disk, regular, with the listed size
   for (const auto& f : files) {
     listed.insert(f.path);
-    if (!util::safe_relative_path(f.path)) {
-      out.push_back(problem(Errc::plan_invalid, f.path, {}, fmt::format("{}: path escapes the model folder", f.path)));
-      continue;
-    }
-    struct stat st {};
-    auto p = dir / f.path;
-    if (::lstat(p.c_str(), &st) != 0) {
-      int err = errno;
-      out.push_back(err == ENOENT ? problem(Errc::checkpoint_incomplete, f.path, {}, fmt::format("{}: missing", f.path))
-                                  : problem(Errc::io_error, f.path, {},
-                                            fmt::format("{}: stat: {}", f.path, std::strerror(err))));
-      continue;
-    }
-    if (!S_ISREG(st.st_mode)) {
-      out.push_back(problem(Errc::checkpoint_incomplete, f.path, {}, fmt::format("{}: not a regular file", f.path)));
-      continue;
-    }
-    if (static_cast<std::uint64_t>(st.st_size) != f.size) {
-      out.push_back(problem(Errc::size_mismatch, f.path, {},
-                            fmt::format("{}: {} bytes on disk, the listing says {}", f.path, st.st_size, f.size)));
-      continue;
-    }
-    present.insert(f.path);
+    if (auto p = presence_problem(dir, f))
+      out.push_back(std::move(*p));
+    else
+      present.insert(f.path);
   }
 
   // Every shard header is read once; shards named by an index are looked up here.
@@ -123,76 +185,11 @@ Report check_structure(const std::filesystem::path& dir, const std::vector<repo:
     headers.emplace(f.path, std::move(*h));
   }
 
-  for (const auto& f : files) {
-    if (!ends_with(f.path, kIndexSuffix) || !present.count(f.path)) continue;
-    auto text = util::read_file(dir / f.path, kMaxIndexBytes);
-    if (!text) {
-      out.push_back(problem(Errc::io_error, f.path, {}, fmt::format("{}: {}", f.path, text.error().message)));
-      continue;
-    }
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(*text);
-    } catch (const nlohmann::json::parse_error& e) {
-      out.push_back(problem(Errc::safetensors_invalid, f.path, {}, fmt::format("{}: not valid JSON: {}", f.path, json_error_text(e))));
-      continue;
-    }
-    auto wm = j.is_object() ? j.find("weight_map") : j.end();
-    if (!j.is_object() || wm == j.end() || !wm->is_object()) {
-      out.push_back(problem(Errc::safetensors_invalid, f.path, {}, fmt::format("{}: no \"weight_map\" object", f.path)));
-      continue;
-    }
-    // Shard names in the weight map are relative to the index's own folder.
-    const std::string_view base = dirname(f.path);
-    std::map<std::string, std::set<std::string>> by_shard;  // shard path -> tensors the index maps to it
-    bool bad = false;
-    for (auto it = wm->begin(); it != wm->end(); ++it) {
-      if (!it->is_string()) {
-        out.push_back(problem(Errc::safetensors_invalid, f.path, it.key(),
-                              fmt::format("{}: tensor '{}': shard is not a string", f.path, it.key())));
-        bad = true;
-        continue;
-      }
-      by_shard[join(base, it->get<std::string>())].insert(it.key());
-    }
-    if (bad) continue;
-    for (const auto& [shard, tensors] : by_shard) {
-      if (!listed.count(shard)) {
-        out.push_back(problem(Errc::checkpoint_incomplete, shard, {},
-                              fmt::format("{}: shard named by {} ({} tensors) is not in the listing", shard, f.path,
-                                          tensors.size())));
-        continue;
-      }
-      auto h = headers.find(shard);
-      if (h == headers.end()) continue;  // missing, wrong size or invalid: reported above
-      for (const auto& t : tensors)
-        if (!h->second.tensors.count(t))
-          out.push_back(problem(Errc::checkpoint_incomplete, shard, t,
-                                fmt::format("{}: tensor '{}': mapped to this shard by {} but not in its header", shard,
-                                            t, f.path)));
-      for (const auto& [t, info] : h->second.tensors)
-        if (!tensors.count(t))
-          out.push_back(problem(Errc::checkpoint_incomplete, shard, t,
-                                fmt::format("{}: tensor '{}': in the shard but {} does not map it here", shard, t,
-                                            f.path)));
-    }
-  }
+  for (const auto& f : files)
+    if (ends_with(f.path, kIndexSuffix) && present.count(f.path)) check_index(dir, f.path, listed, headers, out);
 
-  if (present.count("config.json")) {
-    auto text = util::read_file(dir / "config.json", kMaxConfigBytes);
-    if (!text) {
-      out.push_back(problem(Errc::io_error, "config.json", {}, text.error().message));
-    } else {
-      try {
-        auto j = nlohmann::json::parse(*text);
-        if (!j.is_object())
-          out.push_back(problem(Errc::checkpoint_incomplete, "config.json", {}, "config.json: not a JSON object"));
-      } catch (const nlohmann::json::parse_error& e) {
-        out.push_back(problem(Errc::checkpoint_incomplete, "config.json", {},
-                              fmt::format("config.json: not valid JSON: {}", json_error_text(e))));
-      }
-    }
-  }
+  if (present.count("config.json"))
+    if (auto p = config_problem(dir)) out.push_back(std::move(*p));
   return report;
 }
 

@@ -169,6 +169,10 @@ DEFECTS = [
            edit_index(lambda wm: wm.update({"model.layers.0.self_attn.k_proj.weight": SHARD1})),
            "verifying", "checkpoint_incomplete", SHARD1, [INDEX, "not in its header"],
            tensor="model.layers.0.self_attn.k_proj.weight"),
+    # a weight_map entry that is no shard name: planning reads the index and refuses it, as
+    # verifying would (one parser, lib/verify/index.hpp)
+    Defect("index-shard-not-a-string", edit_index(lambda wm: wm.update({NORM: 7})), "planning",
+           "checkpoint_incomplete", INDEX, [INDEX, f"tensor '{NORM}'", "shard is not a string"]),
     Defect("index-lacks-tensor", edit_index(lambda wm: wm.pop("model.layers.1.mlp.down_proj.weight")),
            "verifying", "checkpoint_incomplete", SHARD2, [INDEX, "does not map it"],
            tensor="model.layers.1.mlp.down_proj.weight"),

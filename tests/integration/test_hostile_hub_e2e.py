@@ -153,3 +153,15 @@ def test_a_download_stops_at_disk_reserve_whoever_fills_the_disk(serving):
     assert list(partial.glob("*.part")), "the partial files were not kept"
     assert served_pid(env, "old") == old_pid and env.status()["active"]["model"] == "old"
     assert completion(env.ports["old"], "old")
+
+
+def test_a_safetensors_index_the_hub_refuses_once_is_read_again_in_planning(serving):
+    env = serving
+    index = "acme/new/model.safetensors.index.json"
+    # The first read of the index answers 503: planning retries it as it retries listings.
+    write_control(env.control, fail_first=1, fail_glob=index, fail_status=503)
+    plan = env.modelctl("--json", "plan", "new")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    reads = [r for r in env.hub.requests() if r.get("file") == index and r.get("method") == "GET"]
+    assert len(reads) == 2, reads
+    write_control(env.control)

@@ -36,7 +36,7 @@ json outcome(const Result<void>& r) {
 }
 
 json status_json(const units::UnitStatus& s) {
-  return {{"active_state", s.active_state}, {"sub_state", s.sub_state}, {"main_pid", s.main_pid},
+  return {{"active_state", std::string(units::to_string(s.active_state))}, {"sub_state", s.sub_state}, {"main_pid", s.main_pid},
           {"exec_main_status", s.exec_main_status}, {"result", s.result}, {"loaded", s.loaded}};
 }
 
@@ -80,7 +80,7 @@ asio::awaitable<json> drive(units::ServiceManager& m, std::string model) {
       break;
     }
     running = *st;
-    if ((running.active_state == "active" && running.main_pid != 0) ||
+    if ((running.active_state == units::ActiveState::active && running.main_pid != 0) ||
         std::chrono::steady_clock::now() > deadline)
       break;
     timer.expires_after(50ms);

@@ -163,7 +163,7 @@ struct Fixture {
     units.states[kOldUnit] = "active";
     record_active("old", kOld);
     hub::RetryPolicy fast;
-    fast.backoff = {1ms};
+    fast.backoff_base = 1ms;
     hub.set_retry_policy(fast);
   }
 

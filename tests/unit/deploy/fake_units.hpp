@@ -85,8 +85,8 @@ class FakeUnits : public units::ServiceManager {
   }
   boost::asio::awaitable<Result<units::UnitStatus>> status(const std::string& unit) override {
     units::UnitStatus s;
-    s.active_state = state_of(unit);
-    s.sub_state = s.active_state == "active" ? "running" : "dead";
+    s.active_state = units::parse_active_state(state_of(unit));
+    s.sub_state = s.active_state == units::ActiveState::active ? "running" : "dead";
     s.result = result;
     s.loaded = true;
     co_return s;

@@ -30,8 +30,8 @@ class FakeManager : public units::ServiceManager {
 
   static units::UnitStatus state(std::string active, std::string result = "success", int exit_status = 0) {
     units::UnitStatus s;
-    s.active_state = std::move(active);
-    s.sub_state = s.active_state == "active" ? "running" : "dead";
+    s.active_state = units::parse_active_state(active);
+    s.sub_state = s.active_state == units::ActiveState::active ? "running" : "dead";
     s.result = std::move(result);
     s.exec_main_status = exit_status;
     s.loaded = true;

@@ -48,7 +48,7 @@ struct Fixture {
     client = std::make_unique<http::Client>(ioc.get_executor(), opts);
     hub = std::make_unique<hub::Hub>(*client, server->url("/"));
     hub::RetryPolicy fast;
-    fast.backoff = {std::chrono::milliseconds(1)};
+    fast.backoff_base = std::chrono::milliseconds(1);
     fast.max_retry_after = std::chrono::milliseconds(5);
     hub->set_retry_policy(fast);
   }
@@ -450,4 +450,71 @@ TEST_CASE("the listing cache keeps the most recently used listings within its bo
   CHECK(cache.size() == 0);
   cache.put("https://hub", make("o/e", 'e', 5));  // the files forgotten are room again
   CHECK(cache.size() == 1);
+}
+
+TEST_CASE("a metadata read (a safetensors index) is retried on 503 and then succeeds") {
+  int calls = 0;
+  Fixture f([&](Exchange& ex) -> asio::awaitable<void> {
+    if (++calls < 2) {
+      HeaderList h{{"Retry-After", "1"}};
+      co_await ex.respond(503, "busy", std::move(h));
+    } else {
+      co_await ex.respond(200, R"({"weight_map": {}})");
+    }
+  });
+  auto body = test::run(f.ioc, f.hub->read_metadata("org/name", kCommit, "model.safetensors.index.json", 1 << 20));
+  REQUIRE(body);
+  CHECK(*body == R"({"weight_map": {}})");
+  CHECK(f.server->requests().size() == 2);
+}
+
+TEST_CASE("the retry policy backs off 1, 2, 4, 8, 8 times the base with jitter, and honours Retry-After up to its cap") {
+  hub::RetryPolicy p;
+  p.backoff_base = std::chrono::milliseconds(1000);
+  std::mt19937 rng(7);
+  for (unsigned failures = 1; failures <= 6; ++failures) {
+    const double base = 1000.0 * (1u << std::min(failures - 1, 3u));
+    const auto b = std::chrono::duration<double, std::milli>(p.backoff(failures, rng)).count();
+    CHECK(b >= 0.75 * base);
+    CHECK(b <= 1.25 * base);
+  }
+  p.max_tries = 3;
+  p.max_retry_after = std::chrono::seconds(30);
+  hub::Retrier r(p);
+  auto first = r.failed(std::chrono::seconds(3600));
+  REQUIRE(first);
+  CHECK(*first == std::chrono::seconds(30));  // Retry-After capped
+  auto second = r.failed(std::nullopt);
+  REQUIRE(second);
+  CHECK(*second >= std::chrono::milliseconds(1500));
+  CHECK(*second <= std::chrono::milliseconds(2500));
+  CHECK_FALSE(r.failed(std::nullopt));  // the third try was the last
+  CHECK(r.failures() == 3);
+}
+
+TEST_CASE("a run's retry budget counts failures in a row, shares one pause, and gives up past its budget") {
+  hub::RetryPolicy p;
+  p.backoff_base = std::chrono::milliseconds(100);
+  hub::RetryBudget budget(p, 2, std::chrono::minutes(1));
+  const Error e = make_error(Errc::hub_unavailable, "downloading x: HTTP 503");
+  const auto sent = hub::RetryBudget::Clock::now();
+  auto first = budget.failed(e, sent, std::nullopt);
+  REQUIRE(first);
+  CHECK(*first > std::chrono::milliseconds(0));
+  // A request sent before that pause began failed for the same reason: it costs nothing more.
+  auto same = budget.failed(e, sent - std::chrono::seconds(1), std::nullopt);
+  REQUIRE(same);
+  auto second = budget.failed(e, hub::RetryBudget::Clock::now() + std::chrono::seconds(1), std::nullopt);
+  REQUIRE(second);
+  budget.progressed();
+  REQUIRE(budget.failed(e, hub::RetryBudget::Clock::now() + std::chrono::seconds(2), std::nullopt));
+  REQUIRE(budget.failed(e, hub::RetryBudget::Clock::now() + std::chrono::seconds(3), std::nullopt));
+  auto out = budget.failed(e, hub::RetryBudget::Clock::now() + std::chrono::seconds(4), std::nullopt);
+  REQUIRE_FALSE(out);
+  CHECK(out.error().message.find("gave up after 3 failures in a row") != std::string::npos);
+  // A Retry-After longer than the wait left fails at once.
+  hub::RetryBudget tight(p, 5, std::chrono::seconds(10));
+  auto long_ask = tight.failed(e, hub::RetryBudget::Clock::now(), std::chrono::seconds(60));
+  REQUIRE_FALSE(long_ask);
+  CHECK(long_ask.error().message.find("retry after 60 s") != std::string::npos);
 }

@@ -1,7 +1,7 @@
 #pragma once
 // Test helpers of the store tests: digests and listing entries for file contents.
 
-#include "hub/hub.hpp"
+#include "repo/snapshot.hpp"
 #include "verify/hash.hpp"
 
 #include <optional>

@@ -132,13 +132,13 @@ struct Harness {
     for (;;) {
       auto st = status();
       if (pred(st)) return st;
-      INFO("state " << st.active_state << "/" << st.sub_state);
+      INFO("state " << to_string(st.active_state) << "/" << st.sub_state);
       REQUIRE(std::chrono::steady_clock::now() < deadline);
       pump(io, 10ms);
     }
   }
   UnitStatus wait_ended() {
-    return wait_for([](const UnitStatus& s) { return s.active_state == "inactive" || s.active_state == "failed"; });
+    return wait_for([](const UnitStatus& s) { return s.active_state == ActiveState::inactive || s.active_state == ActiveState::failed; });
   }
   bool wait_file(const fs::path& p, std::chrono::milliseconds timeout = 10s) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -229,10 +229,10 @@ TEST_CASE("a started server runs in its own session and process group and is act
   Harness h;
   h.configure("exec sleep 600");
   auto before = h.status();
-  CHECK(before.active_state == "inactive");
+  CHECK(before.active_state == ActiveState::inactive);
   h.start();
   auto st = h.status();
-  CHECK(st.active_state == "active");
+  CHECK(st.active_state == ActiveState::active);
   CHECK(st.sub_state == "running");
   REQUIRE(st.main_pid > 0);
   auto pid = static_cast<pid_t>(st.main_pid);
@@ -248,7 +248,7 @@ TEST_CASE("a started server runs in its own session and process group and is act
   h.stop();
   auto end = h.wait_ended();
   // SIGTERM is a clean end for systemd, and so here.
-  CHECK(end.active_state == "inactive");
+  CHECK(end.active_state == ActiveState::inactive);
   CHECK(end.result == "success");
   CHECK(end.main_pid == 0);
   CHECK(h.pids().empty());
@@ -264,19 +264,19 @@ TEST_CASE("a clean exit leaves the unit inactive, a non-zero one failed with its
   h.configure("exit 0");
   h.start();
   auto ok = h.wait_ended();
-  CHECK(ok.active_state == "inactive");
+  CHECK(ok.active_state == ActiveState::inactive);
   CHECK(ok.result == "success");
   CHECK(ok.exec_main_status == 0);
 
   h.configure("exit 3");
   h.start();
   auto bad = h.wait_ended();
-  CHECK(bad.active_state == "failed");
+  CHECK(bad.active_state == ActiveState::failed);
   CHECK(bad.sub_state == "failed");
   CHECK(bad.result == "exit-code");
   CHECK(bad.exec_main_status == 3);
   REQUIRE(await(h.io, h.m->reset_failed(h.unit)).has_value());
-  CHECK(h.status().active_state == "inactive");
+  CHECK(h.status().active_state == ActiveState::inactive);
 }
 
 TEST_CASE("a server killed by a signal leaves the unit failed with result signal") {
@@ -284,7 +284,7 @@ TEST_CASE("a server killed by a signal leaves the unit failed with result signal
   h.configure("kill -USR1 $$; sleep 5");
   h.start();
   auto st = h.wait_ended();
-  CHECK(st.active_state == "failed");
+  CHECK(st.active_state == ActiveState::failed);
   CHECK(st.result == "signal");
   CHECK(st.exec_main_status == SIGUSR1);
 }
@@ -319,13 +319,13 @@ TEST_CASE("stopping a group whose worker ignores SIGTERM sends SIGKILL after Tim
   h.stop();
   // The main process ends at SIGTERM, the worker keeps the unit deactivating.
   auto draining = h.wait_for([&](const UnitStatus& s) { return s.main_pid == 0; });
-  CHECK(draining.active_state == "deactivating");
+  CHECK(draining.active_state == ActiveState::deactivating);
   auto left = h.pids();
   REQUIRE(left.size() == 1);
   CHECK(left[0] != main_pid);
   auto end = h.wait_ended();
   CHECK(std::chrono::steady_clock::now() - t0 >= 900ms);
-  CHECK(end.active_state == "failed");
+  CHECK(end.active_state == ActiveState::failed);
   CHECK(end.result == "timeout");
   CHECK(h.pids().empty());
 }
@@ -336,7 +336,7 @@ TEST_CASE("when the main process exits on its own, the rest of its group is stop
   h.configure("sleep 600 & touch '" + ready.string() + "'; exit 4", "TimeoutStopSec=5s\n");
   h.start();
   auto st = h.wait_ended();
-  CHECK(st.active_state == "failed");
+  CHECK(st.active_state == ActiveState::failed);
   CHECK(st.exec_main_status == 4);
   CHECK(h.pids().empty());
 }
@@ -353,7 +353,7 @@ TEST_CASE("starting a unit without a drop-in or with a missing program is unit_f
   REQUIRE(!missing);
   CHECK_THAT(missing.error().message, Catch::Contains(h.unit) && Catch::Contains("/no/such/program"));
   auto st = h.status();
-  CHECK(st.active_state == "failed");
+  CHECK(st.active_state == ActiveState::failed);
   CHECK(st.exec_main_status == 203);
   CHECK(await(h.io, h.m->stop(h.unit)).has_value());  // nothing to stop is no error
 }
@@ -368,13 +368,25 @@ TEST_CASE("a restarted manager re-adopts the server its predecessor started, and
 
   h.m = make_process_manager(h.io.get_executor(), h.options());
   auto after = h.status();
-  CHECK(after.active_state == "active");
+  CHECK(after.active_state == ActiveState::active);
   CHECK(after.main_pid == before.main_pid);
   CHECK(after.invocation_id == before.invocation_id);
   CHECK(h.pids() == std::vector<std::uint32_t>{before.main_pid});
   h.stop();
   auto end = h.wait_ended();
-  CHECK(end.active_state == "inactive");
+  CHECK(end.active_state == ActiveState::inactive);
   CHECK(h.pids().empty());
   CHECK(fs::is_empty(h.dir / "records"));
+}
+
+TEST_CASE("the process backend finds a unit's output by its identifier, and none when it sends none to journald") {
+  Harness h;  // journal = false: the servers write to modeld's own output
+  auto j = h.m->journal_of(h.unit);
+  CHECK(j.identifier == "modeld-serve@t");
+  CHECK_FALSE(j.readable);
+  ProcessManagerOptions o = h.options();
+  o.journal = true;
+  o.record_dir = h.dir / "records-2";
+  auto with_journal = make_process_manager(h.io.get_executor(), o);
+  CHECK(with_journal->journal_of(h.unit).readable == (::access("/run/systemd/journal/stdout", F_OK) == 0));
 }

@@ -38,7 +38,7 @@ class FakeManager final : public ServiceManager {
     UnitStatus st;
     st.loaded = true;
     bool stopped = inactive_after_ > 0 && polls >= inactive_after_;
-    st.active_state = stopped ? final_state_ : "active";
+    st.active_state = parse_active_state(stopped ? final_state_ : "active");
     st.sub_state = stopped ? "dead" : "running";
     co_return st;
   }
@@ -196,4 +196,72 @@ TEST_CASE("cancelling the wait between polls returns cancelled at once") {
   CHECK(out->error().code == Errc::cancelled);
   CHECK(std::chrono::steady_clock::now() - start < 150ms);
   CHECK(m.polls == 1);
+}
+
+TEST_CASE("unit states are systemd's words, parsed once, unknown for any other") {
+  for (auto s : {ActiveState::inactive, ActiveState::active, ActiveState::activating, ActiveState::deactivating,
+                 ActiveState::reloading, ActiveState::failed, ActiveState::maintenance, ActiveState::refreshing})
+    CHECK(parse_active_state(to_string(s)) == s);
+  CHECK(to_string(ActiveState::activating) == "activating");
+  CHECK(parse_active_state("Active") == ActiveState::unknown);
+  CHECK(parse_active_state("") == ActiveState::unknown);
+  CHECK(is_stopped(ActiveState::failed));
+  CHECK(is_stopped(ActiveState::inactive));
+  CHECK_FALSE(is_stopped(ActiveState::deactivating));
+  CHECK(is_up(ActiveState::reloading));
+  CHECK_FALSE(is_up(ActiveState::deactivating));
+}
+
+namespace {
+// Records the calls reset_failed_and_start makes; ResetFailed itself fails, which must not matter.
+class CallLog final : public ServiceManager {
+ public:
+  std::vector<std::string> calls;
+  std::optional<Error> start_error;
+  asio::awaitable<Result<void>> start(const std::string& u) override {
+    calls.push_back("start " + u);
+    if (start_error) co_return *start_error;
+    co_return Result<void>{};
+  }
+  asio::awaitable<Result<void>> stop(const std::string&) override { co_return Result<void>{}; }
+  asio::awaitable<Result<UnitStatus>> status(const std::string&) override { co_return UnitStatus{}; }
+  asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string&) override {
+    co_return std::vector<std::uint32_t>{};
+  }
+  asio::awaitable<Result<void>> reset_failed(const std::string& u) override {
+    calls.push_back("reset_failed " + u);
+    co_return make_error(Errc::unit_failed, "no such unit");
+  }
+  asio::awaitable<Result<void>> reload() override { co_return Result<void>{}; }
+  Result<void> write_dropin(const std::string&, const std::string&, const std::string&) override { return {}; }
+};
+
+Result<void> run_start(ServiceManager& m) {
+  asio::io_context ctx;
+  std::optional<Result<void>> out;
+  asio::co_spawn(ctx, reset_failed_and_start(m, "modeld-serve@x.service"), [&](std::exception_ptr e, Result<void> r) {
+    if (e) std::rethrow_exception(e);
+    out = std::move(r);
+  });
+  ctx.run_for(30s);
+  REQUIRE(out);
+  return *out;
+}
+}  // namespace
+
+TEST_CASE("reset-failed-then-start resets, then starts, and answers what the start answers") {
+  CallLog m;
+  CHECK(run_start(m).has_value());
+  CHECK(m.calls == std::vector<std::string>{"reset_failed modeld-serve@x.service", "start modeld-serve@x.service"});
+  m.start_error = make_error(Errc::unit_failed, "start refused");
+  auto r = run_start(m);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().message == "start refused");
+}
+
+TEST_CASE("the default journal of a unit is systemd's: by unit and invocation, readable") {
+  CallLog m;
+  auto j = m.journal_of("modeld-serve@x.service");
+  CHECK(j.identifier.empty());
+  CHECK(j.readable);
 }

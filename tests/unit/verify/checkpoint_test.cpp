@@ -224,3 +224,17 @@ TEST_CASE("a report's error is its first problem with a count of the rest") {
   CHECK(r.to_error().code == Errc::checksum_mismatch);
   CHECK(r.to_error().message == "a: sha256 is x, the listing says y (and 1 more problem)");
 }
+
+TEST_CASE("verifying reports an index entry whose shard is not a string, naming the index and the tensor") {
+  TempDir dir;
+  auto files = good_checkpoint(dir);
+  files[3] = put(dir, "model.safetensors.index.json",
+                 index_json({{"embed", "model-00001-of-00002.safetensors"},
+                             {"l0.w", "model-00001-of-00002.safetensors"},
+                             {"l1.w", 2},
+                             {"head", "model-00002-of-00002.safetensors"}}));
+  auto r = verify::check_structure(dir.path, files);
+  INFO(all_messages(r));
+  CHECK(has_problem(r, Errc::safetensors_invalid, "model.safetensors.index.json", "l1.w"));
+  CHECK_THAT(r.to_error().message, Catch::Contains("tensor 'l1.w': shard is not a string"));
+}
