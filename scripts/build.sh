@@ -4,5 +4,5 @@
 set -eu
 cd "$(dirname "$0")/.."
 export CCACHE_NOHASHDIR=1
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMODELD_TEST_HOOKS=ON >/dev/null
 ninja -C build -j"$(nproc)" "$@"

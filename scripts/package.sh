@@ -18,6 +18,10 @@ elif [ ! -f "$build/CPackConfig.cmake" ]; then
     # A build tree configured before cmake/install.cmake existed: configure it again.
     cmake "$build" >/dev/null
 fi
+# The package never carries test hooks (crash points): a tree built with them (the default) is
+# switched off for the package and back on afterwards; only util/test_hooks.cpp is recompiled.
+hooks=$(sed -n 's/^MODELD_TEST_HOOKS:BOOL=//p' "$build/CMakeCache.txt")
+[ "$hooks" = OFF ] || cmake -DMODELD_TEST_HOOKS=OFF "$build" >/dev/null
 # The build tool regenerates the tree first when a CMake file changed.
 cmake --build "$build" --target modeld modelctl -j "${MODELD_JOBS:-2}" >&2
 
@@ -32,4 +36,8 @@ cd "$build"
 MODELD_PACKAGE_VERSION=$version cpack -G DEB -D CPACK_PACKAGE_VERSION="$version" >&2
 deb=$build/packages/modeld_${version}_$(dpkg --print-architecture).deb
 [ -f "$deb" ] || { echo "package.sh: cpack did not write $deb" >&2; exit 1; }
+if [ "$hooks" != OFF ]; then
+    cmake -DMODELD_TEST_HOOKS=ON "$build" >/dev/null
+    cmake --build "$build" --target modeld modelctl -j "${MODELD_JOBS:-2}" >&2
+fi
 echo "$deb"

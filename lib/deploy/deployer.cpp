@@ -8,6 +8,7 @@
 #include "units/service_manager.hpp"
 #include "util/memory.hpp"
 #include "util/on_pool.hpp"
+#include "util/test_hooks.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
 
@@ -37,10 +38,35 @@ struct Deployer::Running {
   /// what a running deployment does.
   Services services;
   Deployment record;
-  std::unique_ptr<Run> run;
+  std::unique_ptr<Run> run;                  ///< what the phases read; changed by the driver only
+  std::unique_ptr<Decisions> decisions;      ///< the phases' sink (RunDecisions)
+  std::vector<PlannedStep> steps;            ///< the plan, from the record (kind, downtime_first)
+  std::optional<PlannedStep> step;           ///< the step that runs now; nullopt before the first
+  bool rolling_back = false;                 ///< rolling_back runs (not a step of the plan)
+  bool new_serves = false;                   ///< health_checking passed: this deployment's model serves
+  bool interrupted = false;                  ///< a shutdown cut it short: left running for the next start
   asio::cancellation_signal cancel;  ///< bound to the phase that runs now
   Clock::time_point last_journal_progress{};
   Clock::time_point last_status{};
+};
+
+/// The decisions of the running deployment, recorded and persisted by the Deployer.
+class Deployer::RunDecisions final : public Decisions {
+ public:
+  RunDecisions(Deployer& deployer, Running& r) : deployer_(deployer), r_(r) {}
+  asio::awaitable<void> commit_chosen(const std::string& commit) override {
+    r_.record.commit = commit;
+    co_await deployer_.persist_now(r_.record);
+  }
+  asio::awaitable<void> stopping_old() override {
+    r_.record.old_stopped = true;
+    co_await deployer_.persist_now(r_.record);
+  }
+  void progress(const fetch::Progress& p) override { deployer_.on_progress(r_, p); }
+
+ private:
+  Deployer& deployer_;
+  Running& r_;
 };
 
 namespace {
@@ -84,7 +110,7 @@ Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
     : Deployer(io, std::move(services), states, ModelWatcher::Options{}) {}
 
 Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog)
-    : io_(io), services_(std::move(services)), states_(states) {
+    : io_(io), services_(std::move(services)), states_(states), writes_(asio::make_strand(services_.disk_pool)) {
   watcher_ = std::make_unique<ModelWatcher>(io_, services_, std::move(watchdog));
   watcher_->on_change([this](const WatchdogStatus& w) {
     announce_status();
@@ -121,90 +147,103 @@ asio::awaitable<void> Deployer::recover() {
       break;
     }
   }
-  // start() refuses until here, the end of recover(): from the erase below to the end nothing
-  // awaits, and begin() has set running_ by then.
+  // start() refuses until here, the end of recover(): from the erase in continue_unfinished to
+  // the end nothing awaits, and begin() has set running_ by then.
   struct Recovered {
     std::optional<std::string>& interrupted;
     ~Recovered() { interrupted.reset(); }
   } recovered{interrupted_};
-  const bool takes_over = unfinished && unfinished->old_stopped;
   bool watch = false;           // the active model may be watched when no deployment continues
   bool started_unit = false;    // recover started its unit: readiness comes before the first probe
-  // A reload while this runs must not free the model tables it reads.
-  const auto cfg = services_.config;
-  if (state_.active && !takes_over) {
-    const auto* m = cfg->find_model(state_.active->model);
-    sys::Fields f;
-    f.model = state_.active->model;
-    if (!m) {
-      sys::logf(sys::Level::warning, f, "active model {} is no longer configured; leaving its service alone",
-                state_.active->model);
-    } else {
-      const auto unit = units::serve_unit(m->name);
-      // GCC 12 miscompiles co_await inside a conditional expression: keep them as statements.
-      Result<units::UnitStatus> st = make_error(Errc::internal, "not queried");
-      auto installed = co_await install_dropin(services_, *m);
-      if (installed)
-        st = co_await services_.units.status(unit);
-      else
-        st = installed.error();
-      if (!st) {
-        sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
-        watch = true;
-      } else if (units::is_up(st->active_state)) {
-        sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit,
-                  units::to_string(st->active_state));
-        // It serves already: a changed file is reported, not re-hashed under the running server.
-        const bool unchanged = co_await files_still_trusted(services_, m->name, state_.active->commit, f, false);
-        (void)unchanged;
-        watch = true;
-      } else {
-        // Never start a checkpoint whose files changed since their verification without re-hashing.
-        const bool trusted = co_await files_still_trusted(services_, m->name, state_.active->commit, f, true);
-        if (!trusted) {
-          sys::logf(sys::Level::error, f,
-                    "active model {} is not running and its files fail verification: not starting {} (deploy it "
-                    "again to download what is damaged)",
-                    m->name, unit);
-        } else {
-          sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name,
-                    units::to_string(st->active_state), unit);
-          if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s)
-            sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
-          else
-            started_unit = true;
-          watch = true;
-        }
-      }
-    }
-  }
-  if (unfinished) {
-    Phase first = Phase::planning;
-    if (unfinished->phase == Phase::rolling_back) first = Phase::rolling_back;
-    // Stopping is idempotent ("nothing to stop" once inactive), and a stop cut short by the
-    // restart must finish before the new server may take the port and the GPUs.
-    // (With stopping_old first, planning comes before it and re-reads what the later phases need.)
-    else if (unfinished->old_stopped && !unfinished->downtime_first) first = Phase::stopping_old;
-    sys::Fields f;
-    f.deployment = unfinished->id;
-    f.model = unfinished->model;
-    f.phase = std::string(to_string(unfinished->phase));
-    sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}",
-              unfinished->id, unfinished->model, to_string(unfinished->phase), to_string(first));
-    std::erase_if(history_, [&](const Deployment& d) { return d.id == unfinished->id; });
-    if (!services_.config->find_model(unfinished->model)) {
-      unfinished->state = State::failed;
-      unfinished->error = make_error(Errc::unknown_model, "model " + unfinished->model + " is no longer configured");
-      unfinished->finished_at = util::rfc3339(std::chrono::system_clock::now());
-      persist(*unfinished);
-      history_.push_front(*unfinished);
-    } else {
-      begin(std::move(*unfinished), first);
-    }
-  }
+  if (state_.active && !(unfinished && unfinished->old_stopped)) co_await recover_active(watch, started_unit);
+  if (unfinished) co_await continue_unfinished(*unfinished);
   // Also while a continued deployment plans, downloads and verifies (watch_active() decides).
   if (watch && !shutting_down_) watch_active(started_unit);
   announce_status();
+}
+
+asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) {
+  // A reload while this runs must not free the model tables it reads.
+  const auto cfg = services_.config;
+  const auto* m = cfg->find_model(state_.active->model);
+  sys::Fields f;
+  f.model = state_.active->model;
+  if (!m) {
+    sys::logf(sys::Level::warning, f, "active model {} is no longer configured; leaving its service alone",
+              state_.active->model);
+    co_return;
+  }
+  const auto unit = units::serve_unit(m->name);
+  // GCC 12 miscompiles co_await inside a conditional expression: keep them as statements.
+  Result<units::UnitStatus> st = make_error(Errc::internal, "not queried");
+  auto installed = co_await install_dropin(services_, *m);
+  if (installed)
+    st = co_await services_.units.status(unit);
+  else
+    st = installed.error();
+  watch = true;
+  if (!st) {
+    sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
+    co_return;
+  }
+  if (units::is_up(st->active_state)) {
+    sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit,
+              units::to_string(st->active_state));
+    // It serves already: a changed file is reported, not re-hashed under the running server.
+    const bool unchanged = co_await files_still_trusted(services_, m->name, state_.active->commit, f, false);
+    (void)unchanged;
+    co_return;
+  }
+  // Never start a checkpoint whose files changed since their verification without re-hashing.
+  const bool trusted = co_await files_still_trusted(services_, m->name, state_.active->commit, f, true);
+  if (!trusted) {
+    sys::logf(sys::Level::error, f,
+              "active model {} is not running and its files fail verification: not starting {} (deploy it "
+              "again to download what is damaged)",
+              m->name, unit);
+    watch = false;
+  } else {
+    sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name,
+              units::to_string(st->active_state), unit);
+    if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s)
+      sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
+    else
+      started_unit = true;
+  }
+}
+
+std::optional<Step> Deployer::resume_step(const Deployment& d) {
+  if (d.phase == Phase::rolling_back) return std::nullopt;
+  // Cleanup began after the health check: the new model serves, only the cleanup is left to finish.
+  if (d.cleanup_begun && d.phase == Phase::health_checking) return Step::cleanup;
+  // Stopping is idempotent ("nothing to stop" once inactive), and a stop cut short by the
+  // restart must finish before the new server may take the port and the GPUs.
+  // (With stopping_old first, planning comes before it and re-reads what the later steps need.)
+  if (d.old_stopped && !d.downtime_first) return Step::stopping_old;
+  return Step::planning;
+}
+
+asio::awaitable<void> Deployer::continue_unfinished(Deployment& d) {
+  const auto first = resume_step(d);
+  sys::Fields f;
+  f.deployment = d.id;
+  f.model = d.model;
+  f.phase = std::string(to_string(d.phase));
+  const std::string from = !first ? std::string("rolling_back")
+                                  : *first == Step::cleanup ? "health_checking (the cleanup of older revisions)"
+                                                            : std::string(to_string(*first));
+  sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}", d.id,
+            d.model, to_string(d.phase), from);
+  std::erase_if(history_, [&](const Deployment& h) { return h.id == d.id; });
+  if (services_.config->find_model(d.model)) {
+    begin(std::move(d), first);
+    co_return;
+  }
+  d.state = State::failed;
+  d.error = make_error(Errc::unknown_model, "model " + d.model + " is no longer configured");
+  d.finished_at = util::rfc3339(std::chrono::system_clock::now());
+  history_.push_front(d);
+  co_await persist_now(d);
 }
 
 void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
@@ -270,13 +309,12 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
   }, sys::log_failure("reload: rewriting the drop-in of " + units::serve_unit(active), f));
 }
 
-bool Deployer::owns_service(const Deployment& d, Phase p) {
-  return d.old_stopped || p == Phase::stopping_old || p == Phase::launching || p == Phase::health_checking ||
-         p == Phase::benchmarking || p == Phase::rolling_back;
+bool Deployer::owns_service(const Running& r) {
+  return r.record.old_stopped || r.rolling_back || (r.step && r.step->touches_service);
 }
 
 void Deployer::watch_active(bool wait_ready_first) {
-  if (!state_.active || shutting_down_ || (running_ && owns_service(running_->record, running_->record.phase))) return;
+  if (!state_.active || shutting_down_ || (running_ && owns_service(*running_))) return;
   watcher_->start(state_.active->model, wait_ready_first);
 }
 
@@ -348,205 +386,304 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
   // The watchdog keeps watching the model in service through planning, downloading and
   // verifying (hours for a large checkpoint); drive() stops it before the first phase that
   // touches the service.
-  begin(d, Phase::planning);
+  begin(d, Step::planning);
   return running_->record;
 }
 
-void Deployer::begin(Deployment d, Phase first) {
+void Deployer::begin(Deployment d, std::optional<Step> first) {
   auto r = std::make_shared<Running>(services_);
   r->record = std::move(d);
   const auto* model = r->services.config->find_model(r->record.model);
-  r->run = std::make_unique<Run>(Run{r->record, *model, {}, state_.last_active, {}, {}, {}, {}, {}});
+  std::optional<ActiveRecord> previous;
   if (r->record.previous_model && r->record.previous_commit)
-    r->run->previous = ActiveRecord{*r->record.previous_model, *r->record.previous_commit, ""};
-  Running* raw = r.get();
-  r->run->changed = [this, raw] { persist(raw->record); };
-  r->run->on_progress = [this, raw](const fetch::Progress& p) { on_progress(*raw, p); };
+    previous = ActiveRecord{*r->record.previous_model, *r->record.previous_commit, ""};
+  r->run = std::make_unique<Run>(
+      Run{.record = r->record, .model = *model, .previous = std::move(previous), .last_active = state_.last_active});
+  r->decisions = std::make_unique<RunDecisions>(*this, *r);
+  r->steps = plan_steps(r->record.kind, r->record.downtime_first);
+  r->new_serves = first == Step::cleanup;  // resumed after its health check
   running_ = r;
   asio::co_spawn(io_, drive(r, first), sys::log_failure("deployment coroutine"));
 }
 
-asio::awaitable<Result<void>> Deployer::run_phase(Running& r, Phase p) {
-  auto& s = r.services;
-  auto& run = *r.run;
-  auto body = [&]() -> asio::awaitable<Result<void>> {
-    switch (p) {
-      case Phase::planning: return run_planning(s, run);
-      case Phase::freeing_disk: return run_freeing_disk(s, run);
-      case Phase::downloading: return run_downloading(s, run);
-      case Phase::verifying: return run_verifying(s, run);
-      case Phase::stopping_old: return run_stopping_old(s, run);
-      case Phase::launching: return run_launching(s, run);
-      case Phase::health_checking: return run_health_checking(s, run);
-      case Phase::benchmarking: return run_benchmarking(s, run);
-      case Phase::rolling_back: return run_rolling_back(s, run);
-    }
-    return run_planning(s, run);
-  };
-  // Each phase runs as a child coroutine bound to the deployment's cancellation signal, so a
-  // cancel (or SIGTERM) reaches every operation inside it, and an exception thrown by a bug in
-  // a phase ends the deployment with an error instead of the daemon.
-  auto [ex, result] = co_await asio::co_spawn(
-      io_, body(), asio::bind_cancellation_slot(r.cancel.slot(), asio::as_tuple(asio::use_awaitable)));
-  if (ex) {
-    try {
-      std::rethrow_exception(ex);
-    } catch (const boost::system::system_error& e) {
-      if (e.code() == asio::error::operation_aborted) co_return make_error(Errc::cancelled, "cancelled");
-      co_return make_error(Errc::internal, std::string("phase ") + std::string(to_string(p)) + ": " + e.what());
-    } catch (const std::exception& e) {
-      co_return make_error(Errc::internal, std::string("phase ") + std::string(to_string(p)) + ": " + e.what());
-    }
+namespace {
+
+// Runs `body`, the phase of `step`, as a child coroutine bound to `slot` (the deployment's
+// cancellation signal), so a cancel (or SIGTERM) reaches every operation inside it, and an
+// exception thrown by a bug in a phase ends the deployment with an error instead of the daemon.
+template <class T>
+asio::awaitable<Result<T>> in_child(asio::io_context& io, asio::cancellation_slot slot, asio::awaitable<Result<T>>& body,
+                                    std::string_view step) {
+  auto [ex, result] =
+      co_await asio::co_spawn(io, std::move(body), asio::bind_cancellation_slot(slot, asio::as_tuple(asio::use_awaitable)));
+  if (!ex) co_return std::move(result);
+  try {
+    std::rethrow_exception(ex);
+  } catch (const boost::system::system_error& e) {
+    if (e.code() == asio::error::operation_aborted) co_return make_error(Errc::cancelled, "cancelled");
+    co_return make_error(Errc::internal, fmt::format("phase {}: {}", step, e.what()));
+  } catch (const std::exception& e) {
+    co_return make_error(Errc::internal, fmt::format("phase {}: {}", step, e.what()));
   }
-  co_return result;
 }
 
-// What the daemon's state learns from a phase that succeeded: after freeing_disk, whether
-// allow_downtime evicted the model that served; after health_checking, that the new model serves
-// (recorded before the optional benchmark), and its older revisions go.
-asio::awaitable<void> Deployer::after_phase(Running& r, Phase p) {
+}  // namespace
+
+asio::awaitable<void> Deployer::enter_step(Running& r, Step s) {
   auto& d = r.record;
-  if (p == Phase::freeing_disk && state_.active && !services_.store.linked_commit(state_.active->model)) {
-    sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: no model is active until {} serves",
-              state_.active->model, d.model);
-    state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
-    state_.active.reset();
-    save_state(r);
+  if (s == Step::cleanup) {
+    // Recorded before it starts, so a restart finishes it; the API still shows health_checking.
+    d.cleanup_begun = true;
+    co_await persist_now(d);
+    test_hooks::crash_point("cleanup_begun");
+    co_return;
   }
-  if (p != Phase::health_checking) co_return;
+  d.phase = phase_of(s);
+  co_await persist_now(d);
+  emit(EventKind::phase, d);
+  announce_status();
+}
+
+asio::awaitable<Result<void>> Deployer::run_step(Running& r, Step s) {
+  auto& sv = r.services;
+  const auto& run = *r.run;
+  auto& decisions = *r.decisions;
+  const auto slot = r.cancel.slot();
+  const auto name = to_string(s);
+  co_await enter_step(r, s);
+  // Each phase returns what it found; the driver applies it (GCC 12: no co_await in a conditional expression).
+  switch (s) {
+    case Step::planning: {
+      auto body = run_planning(sv, run, decisions);
+      auto p = co_await in_child(io_, slot, body, name);
+      if (!p) co_return p.error();
+      if (!r.record.cancel_requested) co_await apply_planned(r, *p);
+      co_return Result<void>{};
+    }
+    case Step::freeing_disk: {
+      auto body = run_freeing_disk(sv, run);
+      auto f = co_await in_child(io_, slot, body, name);
+      if (!f) co_return f.error();
+      if (!r.record.cancel_requested) co_await apply_freed(r, *f);
+      co_return Result<void>{};
+    }
+    case Step::downloading: {
+      auto body = run_downloading(sv, run, decisions);
+      auto got = co_await in_child(io_, slot, body, name);
+      if (!got) co_return got.error();
+      r.run->fetched.insert(got->fetched.begin(), got->fetched.end());
+      co_return Result<void>{};
+    }
+    case Step::verifying: {
+      auto body = run_verifying(sv, run);
+      co_return co_await in_child(io_, slot, body, name);
+    }
+    case Step::stopping_old: {
+      auto body = run_stopping_old(sv, run, decisions);
+      co_return co_await in_child(io_, slot, body, name);
+    }
+    case Step::launching: {
+      auto body = run_launching(sv, run);
+      co_return co_await in_child(io_, slot, body, name);
+    }
+    case Step::health_checking: {
+      auto body = run_health_checking(sv, run);
+      auto ok = co_await in_child(io_, slot, body, name);
+      if (ok && !r.record.cancel_requested) co_await apply_healthy(r);
+      co_return ok;
+    }
+    case Step::cleanup: {
+      // Not cancellable: bound to a signal nothing emits. A failure is logged; the model serves.
+      asio::cancellation_signal never;
+      auto body = run_cleanup(sv, run, *r.record.commit);
+      auto c = co_await in_child(io_, never.slot(), body, name);
+      if (!c) sys::logf(sys::Level::warning, run.fields(), "cannot remove older revisions: {}", c.error().message);
+      co_return Result<void>{};
+    }
+    case Step::benchmarking: {
+      auto body = run_benchmarking(sv, run);
+      auto b = co_await in_child(io_, slot, body, name);
+      if (!b) co_return b.error();
+      r.record.benchmark_ttft_s = b->ttft_s;
+      r.record.benchmark_decode_tokens_per_s = b->decode_tokens_per_s;
+      co_await persist_now(r.record);
+      co_return Result<void>{};
+    }
+  }
+  co_return make_error(Errc::internal, "unknown step");
+}
+
+asio::awaitable<void> Deployer::apply_planned(Running& r, Planned& p) {
+  auto& d = r.record;
+  auto& run = *r.run;
+  run.missing = std::move(p.missing);
+  run.fetched.insert(p.adopted.begin(), p.adopted.end());
+  run.snapshot = std::move(p.snapshot);
+  d.commit = run.snapshot->commit;
+  d.progress.files_total = p.files_total;
+  d.progress.bytes_total = p.bytes_total;
+  d.downtime_first = p.downtime_first;
+  // The plan is data from here on: computed once, from what the record keeps.
+  r.steps = plan_steps(d.kind, d.downtime_first);
+  co_await persist_now(d);
+  test_hooks::crash_point("order_decided");
+}
+
+asio::awaitable<void> Deployer::apply_freed(Running& r, const Freed& freed) {
+  if (!freed.active_evicted || !state_.active) co_return;
+  sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: no model is active until {} serves",
+            state_.active->model, r.record.model);
+  state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
+  state_.active.reset();
+  co_await save_state(r);
+}
+
+asio::awaitable<void> Deployer::apply_healthy(Running& r) {
+  const auto& d = r.record;
   auto now = util::rfc3339(std::chrono::system_clock::now());
   if (state_.active) state_.last_active[state_.active->model] = now;
   state_.active = ActiveRecord{d.model, *d.commit, now};
   state_.last_active[d.model] = now;
-  save_state(r);
-  // On the disk pool: deleting a revision of hundreds of GB takes time. By reference only
-  // (GCC 12 mis-copies class objects captured by value in a coroutine).
-  auto rm = co_await util::on_pool<Result<std::uint64_t>>(
-      services_.disk_pool, [&] { return services_.store.remove_other_revisions(d.model, *d.commit); });
-  if (rm && *rm > 0)
-    sys::logf(sys::Level::info, r.run->fields(), "removed older revisions of {} ({})", d.model, util::format_bytes(*rm));
+  r.new_serves = true;
+  co_await save_state(r);
 }
 
-void Deployer::save_state(Running& r) {
-  if (auto s = states_.save(state_); !s)
-    sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
+bool Deployer::serves_new(const Deployment& d) const {
+  return state_.active && state_.active->model == d.model && state_.active->commit == d.commit;
 }
 
-asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, Phase first) {
-  Running& r = *rp;
+asio::awaitable<void> Deployer::save_state(Running& r) {
+  const DaemonState copy = state_;
+  auto& states = states_;
+  auto s = co_await util::on_executor<Result<void>>(writes_, [&] { return states.save(copy); });
+  if (!s) sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
+}
+
+asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first) {
   auto& d = r.record;
-  // Planning may put stopping_old first (allow_downtime with a plan that evicts the active
-  // model); both orders start with planning, so the order is re-read after it.
-  auto order_of = [](bool downtime_first) -> std::vector<Phase> {
-    if (downtime_first)
-      return {Phase::planning,  Phase::stopping_old, Phase::freeing_disk,    Phase::downloading,
-              Phase::verifying, Phase::launching,    Phase::health_checking, Phase::benchmarking};
-    return {Phase::planning,     Phase::freeing_disk, Phase::downloading,     Phase::verifying,
-            Phase::stopping_old, Phase::launching,    Phase::health_checking, Phase::benchmarking};
-  };
-  std::vector<Phase> order = order_of(d.downtime_first);
-  std::optional<Error> failure;
-  bool rolling_back = first == Phase::rolling_back;
-  if (!rolling_back) {
-    bool started = false;
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      const Phase p = order[i];
-      if (p == first) started = true;
-      if (!started) continue;
-      if (d.cancel_requested) {
-        failure = make_error(Errc::cancelled, "cancelled by the user");
-        break;
-      }
-      if (owns_service(d, p) && watcher_->running()) co_await watcher_->stop();
-      d.phase = p;
-      persist(d);
-      emit(EventKind::phase, d);
-      announce_status();
-      auto res = co_await run_phase(r, p);
-      if (shutting_down_) {
-        // Left recorded as running: the next daemon start continues it from this phase.
-        sys::logf(sys::Level::notice, r.run->fields(), "deployment {} interrupted by shutdown in phase {}", d.id,
-                  to_string(p));
-        persist(d);
-        running_.reset();
-        if (on_idle_) on_idle_();
-        co_return;
-      }
-      // A cancel that came as the phase began found nothing to stop yet: it ends the deployment
-      // now. In benchmarking the new model has passed its health check and serves (older
-      // revisions are gone): nothing is undone, only the benchmark is skipped.
-      if (d.cancel_requested && p == Phase::benchmarking) {
-        sys::logf(sys::Level::notice, r.run->fields(), "cancelled while benchmarking: {} serves, benchmark skipped", d.model);
-        break;
-      }
-      if (!res || d.cancel_requested) {
-        failure = d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
-        break;
-      }
-      if (p == Phase::planning) order = order_of(d.downtime_first);
-      co_await after_phase(r, p);
+  bool started = false;
+  // Planning comes first in every plan and may change the steps after it: indexes stay valid.
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const PlannedStep step = r.steps[i];
+    if (step.step == first) started = true;
+    if (!started) continue;
+    // Once the new model serves, a cancel only skips what is left but the cleanup.
+    if (d.cancel_requested && !r.new_serves) co_return make_error(Errc::cancelled, "cancelled by the user");
+    if (d.cancel_requested && step.step != Step::cleanup) {
+      sys::logf(sys::Level::notice, r.run->fields(), "cancelled once {} served: benchmark skipped", d.model);
+      break;
+    }
+    r.step = step;
+    if (owns_service(r) && watcher_->running()) co_await watcher_->stop();
+    auto res = co_await run_step(r, step.step);
+    if (shutting_down_) {
+      // Left recorded as running: the next daemon start continues it from this step.
+      sys::logf(sys::Level::notice, r.run->fields(), "deployment {} interrupted by shutdown in phase {}", d.id,
+                to_string(d.phase));
+      r.interrupted = true;
+      co_return std::nullopt;
+    }
+    // A phase cut short by a cancel once the new model serves (the benchmark) skips only itself.
+    if (!res && !(d.cancel_requested && r.new_serves))
+      co_return d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
+  }
+  // A cancel that came as the last step began found nothing to stop: it ends the deployment now.
+  if (d.cancel_requested && !r.new_serves) co_return make_error(Errc::cancelled, "cancelled by the user");
+  co_return std::nullopt;
+}
+
+asio::awaitable<bool> Deployer::must_roll_back(Running& r, const Error& failure) {
+  auto& d = r.record;
+  if (!d.old_stopped || !d.previous_model || serves_new(d)) {
+    const std::optional<Error> why = failure;
+    co_await finish(r, failure.code == Errc::cancelled ? State::cancelled : State::failed, why);
+    co_return false;
+  }
+  // Whether the revision that served is still on disk. Not the link: a redeploy of the same
+  // model at a new commit has switched models_dir/NAME to the new revision already, and the
+  // rollback switches it back. A stat: on the disk pool (by reference only: GCC 12).
+  auto& st = services_.store;
+  bool previous_on_disk = true;
+  if (d.previous_commit)
+    previous_on_disk = co_await util::on_pool<bool>(services_.disk_pool, [&] {
+      std::error_code ec;
+      return std::filesystem::is_directory(st.revision_dir(*d.previous_model, *d.previous_commit), ec);
+    });
+  if (!previous_on_disk) {
+    // allow_downtime evicted it: there is nothing to bring back.
+    const std::optional<Error> why =
+        make_error(Errc::rollback_failed, fmt::format("{}; model {} was evicted to make room (allow_downtime) and "
+                                                      "cannot be restored: no model serves",
+                                                      failure.message, *d.previous_model));
+    co_await finish(r, State::failed, why);
+    co_return false;
+  }
+  sys::logf(sys::Level::error, r.run->fields(), "phase {} failed after the old model was stopped: {}; rolling back",
+            to_string(d.phase), failure.message);
+  d.error = failure;
+  co_return true;
+}
+
+asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, std::optional<Step> first) {
+  Running& r = *rp;
+  if (first) {
+    auto failure = co_await run_steps(r, *first);
+    if (r.interrupted) {
+      co_await persist_now(r.record);
+      running_.reset();
+      if (on_idle_) on_idle_();
+      co_return;
     }
     if (!failure) {
-      finish(r, State::succeeded, std::nullopt);
+      const std::optional<Error> none;
+      co_await finish(r, State::succeeded, none);
       co_return;
     }
-    const bool need_rollback = d.old_stopped && d.previous_model && !(state_.active && state_.active->model == d.model &&
-                                                                       state_.active->commit == d.commit);
-    if (!need_rollback) {
-      finish(r, failure->code == Errc::cancelled ? State::cancelled : State::failed, failure);
-      co_return;
-    }
-    // Whether the revision that served is still on disk. Not the link: a redeploy of the same
-    // model at a new commit has switched models_dir/NAME to the new revision already, and the
-    // rollback switches it back.
-    auto previous_on_disk = [&] {
-      std::error_code ec;
-      return std::filesystem::is_directory(services_.store.revision_dir(*d.previous_model, *d.previous_commit), ec);
-    };
-    if (d.previous_commit && !previous_on_disk()) {
-      // allow_downtime evicted it: there is nothing to bring back.
-      finish(r, State::failed,
-             make_error(Errc::rollback_failed,
-                        fmt::format("{}; model {} was evicted to make room (allow_downtime) and cannot be restored: "
-                                    "no model serves",
-                                    failure->message, *d.previous_model)));
-      co_return;
-    }
-    sys::Fields f = r.run->fields();
-    sys::logf(sys::Level::error, f, "phase {} failed after the old model was stopped: {}; rolling back",
-              to_string(d.phase), failure->message);
-    d.error = failure;
+    if (!co_await must_roll_back(r, *failure)) co_return;
   }
+  co_await roll_back(r);
+}
+
+asio::awaitable<void> Deployer::roll_back(Running& r) {
+  auto& d = r.record;
   // rolling_back is not cancellable: leaving the host with nothing serving is worse.
+  r.step.reset();
+  r.rolling_back = true;
   if (watcher_->running()) co_await watcher_->stop();
   d.phase = Phase::rolling_back;
-  persist(d);
+  co_await persist_now(d);
   emit(EventKind::phase, d);
   announce_status();
   asio::cancellation_signal never;
-  auto [ex, res] = co_await asio::co_spawn(io_, run_rolling_back(r.services, *r.run),
-                                           asio::bind_cancellation_slot(never.slot(), asio::as_tuple(asio::use_awaitable)));
+  auto body = run_rolling_back(r.services, *r.run);
+  auto res = co_await in_child(io_, never.slot(), body, "rolling_back");
   const std::string first_reason = d.error ? d.error->message : "interrupted by a daemon restart";
-  if (ex || !res) {
-    std::string why = ex ? "an internal error" : res.error().message;
-    finish(r, State::failed,
-           make_error(Errc::rollback_failed, fmt::format("{}; rollback failed too: {}", first_reason, why)));
+  if (!res) {
+    const bool bug = res.error().code == Errc::internal;
+    std::string why = bug ? "an internal error" : res.error().message;
+    const std::optional<Error> failed =
+        make_error(Errc::rollback_failed, fmt::format("{}; rollback failed too: {}", first_reason, why));
+    co_await finish(r, State::failed, failed);
     co_return;
   }
-  finish(r, State::rolled_back,
-         Error{d.error ? d.error->code : Errc::internal,
-               fmt::format("{}; rolled back: {} serves again", first_reason, d.previous_model.value_or("?"))});
+  const std::optional<Error> rolled_back =
+      Error{d.error ? d.error->code : Errc::internal,
+            fmt::format("{}; rolled back: {} serves again", first_reason, d.previous_model.value_or("?"))};
+  co_await finish(r, State::rolled_back, rolled_back);
 }
 
-void Deployer::finish(Running& r, State state, std::optional<Error> error) {
-  auto& d = r.record;
-  d.state = state;
-  d.error = std::move(error);
-  d.finished_at = util::rfc3339(std::chrono::system_clock::now());
+asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optional<Error>& error) {
+  // The ended record is durable before anyone sees it ended.
+  Deployment done = r.record;
+  done.state = state;
+  done.error = error;
+  done.finished_at = util::rfc3339(std::chrono::system_clock::now());
   // Nothing moves any more: a rate or an ETA would mislead whoever reads the record later.
-  d.progress.rate_bytes_per_s = 0;
-  d.progress.eta_s.reset();
-  persist(d);
+  done.progress.rate_bytes_per_s = 0;
+  done.progress.eta_s.reset();
+  co_await persist_now(done);
+  r.record = std::move(done);
+  auto& d = r.record;
   sys::Fields f = r.run->fields();
   f.state = std::string(to_string(state));
   switch (state) {
@@ -575,8 +712,19 @@ void Deployer::finish(Running& r, State state, std::optional<Error> error) {
 }
 
 void Deployer::persist(const Deployment& d) {
-  if (auto r = states_.save_deployment(d); !r)
-    sys::logf(sys::Level::error, "cannot record deployment {}: {}", d.id, r.error().message);
+  // A copy travels to the pool; the StateStore outlives the pool's jobs (main, the tests).
+  asio::post(writes_, [&states = states_, d] {
+    if (auto r = states.save_deployment(d); !r)
+      sys::logf(sys::Level::error, "cannot record deployment {}: {}", d.id, r.error().message);
+  });
+}
+
+asio::awaitable<void> Deployer::persist_now(const Deployment& d) {
+  const Deployment copy = d;
+  auto& states = states_;
+  // By reference only (GCC 12 mis-copies class objects captured by value in a coroutine).
+  auto r = co_await util::on_executor<Result<void>>(writes_, [&] { return states.save_deployment(copy); });
+  if (!r) sys::logf(sys::Level::error, "cannot record deployment {}: {}", copy.id, r.error().message);
 }
 
 void Deployer::emit(EventKind kind, const Deployment& d) { publish(deployment_event(kind, d)); }

@@ -1,17 +1,22 @@
 #pragma once
-// The deployment state machine: runs the phases of interface.md in order as one coroutine per
-// deployment, records every transition durably before the next phase starts, rolls back when
-// the new model fails after the old one was stopped, and continues an unfinished deployment
-// after a daemon restart. It is the Engine the control plane talks to.
+// The deployment state machine and the one owner of a deployment: runs the steps of its plan
+// (steps.hpp) as one coroutine per deployment, applies each phase's result to the record and the
+// daemon's state, records every transition durably (written on the disk pool, awaited) before
+// the next step starts, rolls back when the new model fails after the old one was stopped, and
+// continues an unfinished deployment after a daemon restart. It is the Engine the control plane
+// talks to. Everything here runs on the event loop and never blocks it: disk work (records,
+// state.json, store queries) goes to the disk pool.
 
 #include "deploy/engine.hpp"
 #include "deploy/phases.hpp"
 #include "deploy/state_store.hpp"
+#include "deploy/steps.hpp"
 #include "deploy/model_watcher.hpp"
 #include "util/single_flight.hpp"
 
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 
 #include <chrono>
@@ -39,7 +44,7 @@ class Deployer final : public Engine {
   Deployer(boost::asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog);
   ~Deployer() override;
 
-  /// Loads state.json and the history; io_error when state.json is unreadable.
+  /// Loads state.json and the history; io_error when state.json is unreadable. Blocks (reads state_dir): call it at start.
   Result<void> load();
 
   /// At daemon start: rewrites the active model's drop-in and starts its service if it is not
@@ -95,16 +100,47 @@ class Deployer final : public Engine {
 
  private:
   struct Running;
-  boost::asio::awaitable<void> drive(std::shared_ptr<Running> r, Phase first);
-  boost::asio::awaitable<Result<void>> run_phase(Running& r, Phase p);
-  // Applies what a phase that succeeded changed to the daemon's state (eviction of the active
-  // model, the new model in service and its older revisions removed); disk work on the pool.
-  boost::asio::awaitable<void> after_phase(Running& r, Phase p);
-  // Writes state.json, logging (not failing) when it cannot.
-  void save_state(Running& r);
-  void begin(Deployment d, Phase first);
-  void finish(Running& r, State state, std::optional<Error> error);
+  class RunDecisions;
+  // Runs deployment `r` from step `first` (nullopt: it rolls back) to its end.
+  boost::asio::awaitable<void> drive(std::shared_ptr<Running> r, std::optional<Step> first);
+  // Runs the plan's steps from `first`: nullopt when the deployment succeeded (a cancel once the
+  // new model serves only skips the benchmark), else why it stopped. Sets Running::interrupted
+  // when a shutdown cut it short.
+  boost::asio::awaitable<std::optional<Error>> run_steps(Running& r, Step first);
+  // Records step `s` (its phase, or cleanup_begun), runs its phase and applies its result.
+  boost::asio::awaitable<Result<void>> run_step(Running& r, Step s);
+  // Enters step `s`: its phase recorded and announced, or for cleanup cleanup_begun recorded.
+  boost::asio::awaitable<void> enter_step(Running& r, Step s);
+  // Applies what planning found (and the plan it decided) to the run and the record.
+  boost::asio::awaitable<void> apply_planned(Running& r, Planned& p);
+  // Applies freeing_disk's evictions to the daemon's state (the active model may have gone).
+  boost::asio::awaitable<void> apply_freed(Running& r, const Freed& f);
+  // The new model serves: recorded in the daemon's state (before cleanup and the benchmark).
+  boost::asio::awaitable<void> apply_healthy(Running& r);
+  // After `failure`: ends the deployment and returns false, or returns true when it rolls back.
+  boost::asio::awaitable<bool> must_roll_back(Running& r, const Error& failure);
+  // rolling_back, not cancellable, then the end of the deployment.
+  boost::asio::awaitable<void> roll_back(Running& r);
+  // Whether the daemon's state says that deployment `d`'s model at its commit serves.
+  bool serves_new(const Deployment& d) const;
+  // Writes state.json on the disk pool (awaited), logging (not failing) when it cannot.
+  boost::asio::awaitable<void> save_state(Running& r);
+  // The step an interrupted deployment continues from; nullopt: it rolls back.
+  static std::optional<Step> resume_step(const Deployment& d);
+  // At start: the active model's drop-in rewritten and its unit started unless it runs; sets
+  // `watch` (it may be watched) and `started_unit` (readiness comes before the first probe).
+  boost::asio::awaitable<void> recover_active(bool& watch, bool& started_unit);
+  // At start: continues the interrupted deployment `d` (or fails it when its model went).
+  boost::asio::awaitable<void> continue_unfinished(Deployment& d);
+  void begin(Deployment d, std::optional<Step> first);
+  // Ends the deployment: the record written (awaited) before it shows ended, listeners told.
+  // Arguments by reference: GCC 12 destroys class temporaries passed to a coroutine twice.
+  boost::asio::awaitable<void> finish(Running& r, State state, const std::optional<Error>& error);
+  // Queues a write of record `d` on the disk pool after every write queued before; returns at once.
   void persist(const Deployment& d);
+  // Writes record `d` on the disk pool after every write queued before, and waits for it.
+  boost::asio::awaitable<void> persist_now(const Deployment& d);
+  // Tells every listener about deployment `d` as an event of `kind`.
   void emit(EventKind kind, const Deployment& d);
   // Calls every listener with `e`.
   void publish(const Event& e);
@@ -113,10 +149,10 @@ class Deployer final : public Engine {
   // After `modelctl verify` found the files of `model` at `commit` intact: when that revision is
   // the active one and the watchdog had stopped (it gives up on changed files), watches it again.
   void rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f);
-  // Whether deployment `d` about to run (or running) phase `p` owns the model service: from
-  // stopping_old on, or once the old server was stopped. Until then the watchdog keeps watching
-  // the model in service (a large download takes hours); drive() stops it first.
-  static bool owns_service(const Deployment& d, Phase p);
+  // Whether running deployment `r` owns the model service: its current step touches the service,
+  // it rolls back, or the old server was stopped. Until then the watchdog keeps watching the model
+  // in service (a large download takes hours); run_steps() stops it first.
+  static bool owns_service(const Running& r);
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
@@ -132,6 +168,8 @@ class Deployer final : public Engine {
   boost::asio::io_context& io_;
   Services services_;
   StateStore& states_;
+  /// Record and state writes run here one at a time, in the order they were asked for.
+  boost::asio::strand<boost::asio::thread_pool::executor_type> writes_;
   DaemonState state_;
   std::deque<Deployment> history_;  ///< ended deployments, newest first
   std::shared_ptr<Running> running_;

@@ -107,6 +107,8 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["old_stopped"] = d.old_stopped;
     j["downtime_first"] = d.downtime_first;
     j["cancel_requested"] = d.cancel_requested;
+    j["kind"] = "deploy";
+    j["cleanup_begun"] = d.cleanup_begun;
     j["started_ns"] = d.started_ns;
   }
   return j;
@@ -147,6 +149,9 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.old_stopped = j.value("old_stopped", false);
     d.downtime_first = j.value("downtime_first", false);
     d.cancel_requested = j.value("cancel_requested", false);
+    if (j.value("kind", std::string("deploy")) != "deploy")
+      return make_error(Errc::bad_request, "deployment record: unknown kind " + j["kind"].dump());
+    d.cleanup_begun = j.value("cleanup_begun", false);
     d.started_ns = j.value("started_ns", std::int64_t{0});
     return d;
   } catch (const nlohmann::json::exception& e) {

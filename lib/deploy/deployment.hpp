@@ -20,6 +20,10 @@ enum class Phase {
   benchmarking, rolling_back
 };
 
+/// What a deployment does: today only `deploy` (a model put into service); `pull` and `stop`
+/// follow. Persisted as the internal field "kind"; a record without it is a deploy.
+enum class Kind { deploy };
+
 /// States: running, then exactly one terminal state.
 enum class State { running, succeeded, failed, cancelled, rolled_back };
 
@@ -54,6 +58,7 @@ struct Progress {
 /// One deployment, running or ended.
 struct Deployment {
   std::string id;                     ///< "20261129T193942Z-kimi-k2-5", unique, sortable by start
+  Kind kind = Kind::deploy;
   std::string model;
   std::optional<std::string> commit;  ///< null until planned
   bool allow_downtime = false;
@@ -73,6 +78,9 @@ struct Deployment {
   /// planning, before freeing_disk (interface.md "Deployment phases and states").
   bool downtime_first = false;
   bool cancel_requested = false;
+  /// Cleanup of the model's older revisions began (after health_checking, not cancellable): a
+  /// restart that finds the deployment still in health_checking finishes it.
+  bool cleanup_begun = false;
   /// The start time in ns since the epoch: orders deployments started in one second (ids and
   /// started_at have whole seconds) when the history is read back from state_dir; 0 in records
   /// written before it was kept.

@@ -9,10 +9,10 @@
 
 namespace modeld::deploy {
 
-boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
+boost::asio::awaitable<Result<Downloaded>> run_downloading(Services& s, const Run& run, Decisions& decisions) {
   if (run.missing.empty()) {
     sys::logf(sys::Level::info, run.fields(), "nothing to download: every file is on disk");
-    co_return Result<void>{};
+    co_return Downloaded{};
   }
   const auto& cfg = *s.config;
   fetch::Options opt;
@@ -28,9 +28,9 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
 
   fetch::Fetcher fetcher(s.hub, s.hub_client, s.disk_pool, opt);
   std::uint64_t done = 0;
-  auto got = co_await fetcher.run(run.missing, [&run, &done](const fetch::Progress& p) {
+  auto got = co_await fetcher.run(run.missing, [&decisions, &done](const fetch::Progress& p) {
     done = p.bytes_done;
-    if (run.on_progress) run.on_progress(p);
+    decisions.progress(p);
   });
   if (!got) {
     Error e = got.error();
@@ -51,9 +51,10 @@ boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run) {
     }
     co_return e;
   }
-  for (const auto& f : *got) run.fetched.insert(f.path);
+  Downloaded out;
+  for (const auto& f : *got) out.fetched.insert(f.path);
   sys::logf(sys::Level::info, run.fields(), "downloaded {} files, {}", got->size(), util::format_bytes(total));
-  co_return Result<void>{};
+  co_return out;
 }
 
 }  // namespace modeld::deploy

@@ -56,43 +56,62 @@ Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const
                           eviction_candidates(s.store.list(), cfg, target, active, last_active, may_evict_active));
 }
 
-std::uint64_t bytes_still_needed(Services& s, const Run& run) {
-  const std::uint64_t need = util::total_size(run.missing);
-  const std::uint64_t partial = s.store.partial_bytes(run.model.name, *run.record.commit);
+std::uint64_t bytes_still_needed(Services& s, const std::string& model, const std::string& commit,
+                                 const std::vector<repo::RepoFile>& missing) {
+  const std::uint64_t need = util::total_size(missing);
+  const std::uint64_t partial = need ? s.store.partial_bytes(model, commit) : 0;
   return need > partial ? need - partial : 0;
 }
 
-boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
-  const auto& cfg = *s.config;
-  // A walk of the partial downloads, statvfs and a walk of the store: on the disk pool.
-  const std::uint64_t need = co_await util::on_pool<std::uint64_t>(s.disk_pool, [&] { return bytes_still_needed(s, run); });
+namespace {
 
-  if (need == 0) {
-    sys::logf(sys::Level::info, run.fields(), "nothing to free: no bytes left to download");
-    co_return Result<void>{};
+// What freeing_disk must evict, from a statvfs and a walk of the store (blocking: on the disk
+// pool): `need` bytes still to download, the plan, and whether evicting the active model
+// would make room where the plan does not (`fits_with_active`).
+struct DiskNeeds {
+  std::uint64_t need = 0;
+  Result<store::DiskPlan> plan = make_error(Errc::internal, "not planned");
+  bool fits_with_active = false;
+};
+
+DiskNeeds disk_needs(Services& s, const Run& run, const std::optional<std::string>& active) {
+  DiskNeeds n;
+  n.need = bytes_still_needed(s, run.model.name, *run.record.commit, run.missing);
+  if (n.need == 0) return n;
+  // The active model is evicted only when planning put stopping_old first (allow_downtime).
+  n.plan = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, run.record.downtime_first);
+  if (n.plan && !n.plan->fits && active && !run.record.downtime_first) {
+    auto with_active = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, true);
+    n.fits_with_active = with_active && with_active->fits;
   }
+  return n;
+}
+
+}  // namespace
+
+boost::asio::awaitable<Result<Freed>> run_freeing_disk(Services& s, const Run& run) {
+  const auto& cfg = *s.config;
   std::optional<std::string> active;
   if (run.previous) active = run.previous->model;
-  // The active model is evicted only when planning put stopping_old first (allow_downtime).
-  auto planned = co_await util::on_pool<Result<store::DiskPlan>>(s.disk_pool, [&] {
-    return plan_freeing_disk(s, need, run.model.name, active, run.last_active, run.record.downtime_first);
-  });
-  if (!planned) co_return planned.error();
-  const auto& plan = *planned;
+  // By reference only (GCC 12 mis-copies class objects captured by value in a coroutine).
+  auto needs = co_await util::on_pool<DiskNeeds>(s.disk_pool, [&] { return disk_needs(s, run, active); });
+  const std::uint64_t need = needs.need;
+  if (need == 0) {
+    sys::logf(sys::Level::info, run.fields(), "nothing to free: no bytes left to download");
+    co_return Freed{};
+  }
+  if (!needs.plan) co_return needs.plan.error();
+  const auto& plan = *needs.plan;
   const std::uint64_t* free = &plan.bytes_free;
   if (!plan.fits) {
     std::uint64_t evictable = 0;
     for (const auto& c : plan.evict) evictable += c.size_bytes;
     // Say so when evicting the model in service would make room: the operator decides.
     std::string hint;
-    if (active && !run.record.downtime_first) {
-      auto with_active = co_await util::on_pool<Result<store::DiskPlan>>(
-          s.disk_pool, [&] { return plan_freeing_disk(s, need, run.model.name, active, run.last_active, true); });
-      if (with_active && with_active->fits)
-        hint = fmt::format("; it fits if the active model {} is evicted: deploy with --allow-downtime (no rollback "
-                           "is possible then)",
-                           *active);
-    }
+    if (needs.fits_with_active)
+      hint = fmt::format("; it fits if the active model {} is evicted: deploy with --allow-downtime (no rollback "
+                         "is possible then)",
+                         *active);
     co_return make_error(
         Errc::disk_full,
         fmt::format("model {} needs {} more on {}, but only {} is available ({} free minus disk_reserve {}), "
@@ -105,17 +124,20 @@ boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run) {
   if (plan.evict.empty()) {
     sys::logf(sys::Level::info, run.fields(), "nothing to free: {} needed, {} free, {} reserved",
               util::format_bytes(need), util::format_bytes(*free), util::format_bytes(cfg.daemon.disk_reserve));
-    co_return Result<void>{};
+    co_return Freed{};
   }
+  Freed freed_models;
   for (const auto& victim : plan.evict) {
     const auto& name = victim.name;
     auto freed = co_await util::on_pool<Result<std::uint64_t>>(s.disk_pool, [&] { return s.store.remove_model(name); });
     if (!freed) co_return freed.error();
+    freed_models.evicted.push_back(name);
+    if (active && *active == name) freed_models.active_evicted = true;
     sys::Fields f = run.fields();
     f.extra.emplace_back("MODELD_EVICTED", victim.name);
     sys::logf(sys::Level::notice, f, "evicted model {} ({}) to make room", victim.name, util::format_bytes(*freed));
   }
-  co_return Result<void>{};
+  co_return freed_models;
 }
 
 }  // namespace modeld::deploy

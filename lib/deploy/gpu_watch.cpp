@@ -50,7 +50,7 @@ asio::awaitable<Result<std::optional<gpu::Snapshot>>> snapshot(Services& s) {
 
 }  // namespace
 
-asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, Run& run,
+asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
                                                    std::chrono::steady_clock::time_point deadline, bool compare) {
   auto snap = co_await snapshot(s);
   if (!snap) co_return snap.error();
@@ -96,7 +96,7 @@ asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, Run& run,
   co_return Result<void>{};
 }
 
-asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, Run& run) {
+asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, const Run& run) {
   const auto& serve = run.model.serve;
   if (serve.gpus == 0) co_return Result<void>{};
   auto snap = co_await snapshot(s);

@@ -21,12 +21,12 @@ inline constexpr std::uint64_t kGpuSlackBytes = 256ull << 20;
 /// and also when nothing was stopped (`compare` false), records a fresh baseline. Without NVML
 /// (no GPU) it does nothing; without a recorded baseline it only records one. stop_timeout naming
 /// each GPU still above its baseline and the processes holding it.
-boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, Run& run,
+boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
                                                           std::chrono::steady_clock::time_point deadline, bool compare);
 
 /// Before launching: the first `serve.gpus` GPUs are visible and each has `serve.gpu_memory`
 /// bytes free; unit_failed naming the GPUs short of memory and who holds it. Nothing to check
 /// when `serve.gpus` is 0.
-boost::asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, Run& run);
+boost::asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, const Run& run);
 
 }  // namespace modeld::deploy

@@ -109,14 +109,14 @@ boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config:
   return s.wait_ready ? s.wait_ready(m, fields) : probe_until_ready(s, m, fields);
 }
 
-boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run) {
+boost::asio::awaitable<Result<void>> run_health_checking(Services& s, const Run& run) {
   co_return co_await wait_model_ready(s, run.model, run.fields());
 }
 
-boost::asio::awaitable<Result<void>> run_benchmarking(Services& s, Run& run) {
+boost::asio::awaitable<Result<Benchmarked>> run_benchmarking(Services& s, const Run& run) {
   if (!run.model.benchmark.enabled) {
     sys::logf(sys::Level::info, run.fields(), "benchmark disabled for model {}", run.model.name);
-    co_return Result<void>{};
+    co_return Benchmarked{};
   }
   auto target = target_of(run.model);
   if (!target) co_return target.error();
@@ -124,13 +124,11 @@ boost::asio::awaitable<Result<void>> run_benchmarking(Services& s, Run& run) {
   if (!r) {
     // A failed measurement does not make a ready server unfit to serve.
     sys::logf(sys::Level::warning, run.fields(), "benchmark failed: {}, ignoring", r.error().message);
-    co_return Result<void>{};
+    co_return Benchmarked{};
   }
-  run.record.benchmark_ttft_s = r->ttft_s;
-  run.record.benchmark_decode_tokens_per_s = r->decode_tokens_per_s;
   sys::logf(sys::Level::info, run.fields(), "benchmark: first token after {:.3f} s, {:.1f} tokens/s", r->ttft_s,
             r->decode_tokens_per_s);
-  co_return Result<void>{};
+  co_return Benchmarked{r->ttft_s, r->decode_tokens_per_s};
 }
 
 }  // namespace modeld::deploy

@@ -79,7 +79,7 @@ boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run
   co_return Result<void>{};
 }
 
-boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run) {
+boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) {
   const auto unit = units::serve_unit(run.model.name);
   const auto& commit = *run.record.commit;
   // Stopping the old model may have taken minutes: a stat per file proves that nothing touched

@@ -1,14 +1,17 @@
 #pragma once
 // The phases of a deployment, one file each (plan.cpp, free_disk.cpp, download.cpp, verify.cpp,
-// stop_old.cpp, launch.cpp, health_check.cpp, benchmark.cpp, rollback.cpp). Each takes the
-// long-lived services and the run it works on and returns a Result; the Deployer records each
-// transition durably before the next phase starts.
+// stop_old.cpp, launch.cpp, health_check.cpp for health_checking and benchmarking, cleanup.cpp,
+// rollback.cpp). A phase reads the deployment through a const Run, does its work and returns
+// what it decided or changed as a result value; the driver (Deployer) alone applies results to
+// the record and the daemon's state, persists them and tells listeners. A decision that must be
+// durable before the phase acts on it goes through the driver's Decisions sink. No phase, and no
+// header included here, sees the Deployer or the StateStore.
 
 #include "config/config.hpp"
 #include "deploy/deployment.hpp"
 #include "deploy/engine.hpp"
 #include "store/store.hpp"
-#include "deploy/state_store.hpp"
+#include "deploy/records.hpp"
 #include "hub/hub.hpp"
 #include "sys/log.hpp"
 #include "util/error.hpp"
@@ -44,20 +47,67 @@ struct Services {
   std::function<boost::asio::awaitable<Result<void>>(const config::ModelConfig&, const sys::Fields&)> wait_ready;
 };
 
-/// One deployment in progress: its record and what the phases learn along the way.
+/// What a phase reads of the deployment it works on. The driver builds it (designated
+/// initializers) and alone changes it, applying the phases' results; phases get it const.
 struct Run {
-  Deployment& record;
-  const config::ModelConfig& model;
-  std::optional<ActiveRecord> previous;  ///< the model that served when the run started
-  std::map<std::string, std::string> last_active;  ///< model -> RFC 3339, for eviction order
-  std::optional<repo::Snapshot> snapshot; ///< after planning, with files filtered
-  std::vector<repo::RepoFile> missing;    ///< files still to download, after planning
-  std::set<std::string> fetched;         ///< paths hashed by this run (downloaded, or adopted)
-  std::function<void()> changed;         ///< persist the record and tell listeners
-  std::function<void(const fetch::Progress&)> on_progress;  ///< from the download engine
+  const Deployment& record;                ///< the driver's record (commit, flags, phase)
+  const config::ModelConfig& model;        ///< the configuration the deployment started with
+  std::optional<ActiveRecord> previous;    ///< the model that served when the run started
+  std::map<std::string, std::string> last_active = {};  ///< model -> RFC 3339, for eviction order
+  std::optional<repo::Snapshot> snapshot = {};  ///< after planning, with files filtered
+  std::vector<repo::RepoFile> missing = {};     ///< files still to download, after planning
+  std::set<std::string> fetched = {};           ///< paths hashed by this run (downloaded, or adopted)
 
   /// The journal fields of this run in its current phase.
   sys::Fields fields() const;
+};
+
+/// The driver's side of the decisions a phase must make durable before acting on them, and the
+/// phase's progress. Implemented by the Deployer; tests give their own.
+class Decisions {
+ public:
+  virtual ~Decisions() = default;
+  /// Planning chose `commit`: recorded and persisted (awaited, written on the disk pool) before
+  /// the revision folder is prepared, so a restart plans the same commit.
+  virtual boost::asio::awaitable<void> commit_chosen(const std::string& commit) = 0;
+  /// stopping_old may send StopUnit next: `old_stopped` recorded and persisted (awaited) first, so
+  /// any failure, cancel or restart from here on rolls back.
+  virtual boost::asio::awaitable<void> stopping_old() = 0;
+  /// Download progress (an observer): called on the event loop; must not block.
+  virtual void progress(const fetch::Progress& p) = 0;
+};
+
+/// What planning found: the commit's filtered listing, what is still missing, what adoption
+/// hashed, and whether stopping_old must come before freeing_disk.
+struct Planned {
+  repo::Snapshot snapshot;               ///< filtered by include/exclude, at the chosen commit
+  std::vector<repo::RepoFile> missing;   ///< still to download
+  std::set<std::string> adopted;         ///< paths hashed while adopting a foreign folder
+  std::uint64_t bytes_total = 0;         ///< listed bytes of `missing`
+  unsigned files_total = 0;              ///< files in `missing`
+  bool downtime_first = false;           ///< allow_downtime and only evicting the active model makes room
+};
+
+/// What freeing_disk deleted.
+struct Freed {
+  std::vector<std::string> evicted;  ///< models removed from disk, in order
+  bool active_evicted = false;       ///< one of them is the model that served (allow_downtime)
+};
+
+/// What downloading fetched.
+struct Downloaded {
+  std::set<std::string> fetched;  ///< paths downloaded and hashed on arrival
+};
+
+/// What benchmarking measured; empty when disabled or failed (a failed benchmark is no failure).
+struct Benchmarked {
+  std::optional<double> ttft_s;               ///< first-token latency, seconds
+  std::optional<double> decode_tokens_per_s;  ///< decode rate
+};
+
+/// What cleanup removed.
+struct Cleaned {
+  std::uint64_t bytes_freed = 0;  ///< bytes of older revisions deleted
 };
 
 /// Refuses a listing (already filtered by include/exclude) that a Hub could not honestly send:
@@ -83,13 +133,16 @@ std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<stor
                                                           const std::map<std::string, std::string>& last_active,
                                                           bool may_evict_active);
 
-/// New disk space the run's download still takes, in bytes: the missing files' listed sizes
-/// minus the partial bytes of this revision already on disk (they resume). After planning only.
-std::uint64_t bytes_still_needed(Services& s, const Run& run);
+/// New disk space a download of `missing` into revision `commit` of `model` still takes, in
+/// bytes: the listed sizes minus the partial bytes already on disk (they resume). Blocks (a walk
+/// of the revision's partial files): call it on the disk pool.
+std::uint64_t bytes_still_needed(Services& s, const std::string& model, const std::string& commit,
+                                 const std::vector<repo::RepoFile>& missing);
 
 /// The disk side of freeing_disk without deleting anything: `need` bytes still to download
 /// (partial bytes already deducted) against free space minus disk_reserve, with the models to
-/// evict. A plan that needs nothing fits and evicts nothing. Errors: io_error (statvfs).
+/// evict. A plan that needs nothing fits and evicts nothing. Errors: io_error (statvfs). Blocks
+/// (statvfs, a walk of the store): call it on the disk pool.
 Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
                                           const std::optional<std::string>& active,
                                           const std::map<std::string, std::string>& last_active,
@@ -121,20 +174,23 @@ boost::asio::awaitable<bool> files_still_trusted(Services& s, const std::string&
 /// a symlink out of models_dir). Errors as remove_model.
 boost::asio::awaitable<Result<Removal>> remove_from_disk(Services& s, const std::string& name);
 
-/// planning: resolve the revision to a commit, list and filter files, refuse needed files that
-/// the filters drop, link unchanged files from older revisions, find what is still missing.
-boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run);
+/// planning: resolve the revision to a commit (the record's commit when it has one: a resumed
+/// deployment keeps it), list and filter files, refuse needed files that the filters drop, record
+/// the commit through `decisions`, link unchanged files from older revisions, adopt a foreign
+/// folder, find what is still missing and decide the order. Disk work on the disk pool.
+boost::asio::awaitable<Result<Planned>> run_planning(Services& s, const Run& run, Decisions& decisions);
 
 /// freeing_disk: compare bytes still needed with free space minus disk_reserve, evict least
-/// recently active models that are neither active, pinned nor the target, or refuse (disk_full).
-boost::asio::awaitable<Result<void>> run_freeing_disk(Services& s, Run& run);
+/// recently active models that are neither active (unless downtime_first), pinned nor the
+/// target, or refuse (disk_full). Disk work on the disk pool.
+boost::asio::awaitable<Result<Freed>> run_freeing_disk(Services& s, const Run& run);
 
-/// downloading: fetch the missing files (hashing inline), reporting progress.
-boost::asio::awaitable<Result<void>> run_downloading(Services& s, Run& run);
+/// downloading: fetch the missing files (hashing inline), reporting progress to `decisions`.
+boost::asio::awaitable<Result<Downloaded>> run_downloading(Services& s, const Run& run, Decisions& decisions);
 
 /// verifying: hash files this run did not fetch, check structure (safetensors, index, config),
 /// then write the revision's manifest.
-boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run);
+boost::asio::awaitable<Result<void>> run_verifying(Services& s, const Run& run);
 
 /// Proves with a stat per file (on the disk pool) that the files of the run's revision are still
 /// those its manifest recorded at verification; checkpoint_incomplete ending "...; `refusing`"
@@ -142,26 +198,32 @@ boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run);
 boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run& run, std::string_view refusing);
 
 /// stopping_old: check that the new revision's files are still the verified ones (unless
-/// planning put stopping_old first), then stop the active model's unit and wait until nothing of
-/// it is left.
-boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run);
+/// planning put stopping_old first), record through `decisions` that the old model may go, then
+/// stop the active model's unit and wait until nothing of it is left.
+boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& run, Decisions& decisions);
 
 /// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, start.
-boost::asio::awaitable<Result<void>> run_launching(Services& s, Run& run);
+boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run);
 
 /// health_checking: wait for readiness within startup_timeout.
-boost::asio::awaitable<Result<void>> run_health_checking(Services& s, Run& run);
+boost::asio::awaitable<Result<void>> run_health_checking(Services& s, const Run& run);
 
 /// Waits until the service of `model` is ready within its startup_timeout, logging each step (Services::wait_ready instead, when set).
 boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& model,
                                                       const sys::Fields& fields);
 
-/// benchmarking: measure first-token latency and decode rate when enabled.
-boost::asio::awaitable<Result<void>> run_benchmarking(Services& s, Run& run);
+/// benchmarking: measure first-token latency and decode rate when enabled; never fails (a
+/// failed measurement is logged and returns no numbers).
+boost::asio::awaitable<Result<Benchmarked>> run_benchmarking(Services& s, const Run& run);
+
+/// cleanup (after health_checking, shown as that phase): on the disk pool, deletes the revisions
+/// of the run's model other than `keep_commit` (the commit in service) and the one models_dir/NAME
+/// links. Not cancellable; safe to run again. Errors: io_error (the deployment still succeeds).
+boost::asio::awaitable<Result<Cleaned>> run_cleanup(Services& s, const Run& run, const std::string& keep_commit);
 
 /// rolling_back: stop the new service, restore the previous model's link and service, wait for
 /// its readiness. Returns rollback_failed when the old service cannot be restored.
-boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, Run& run);
+boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& run);
 
 /// How long to wait for a unit to become inactive after StopUnit: its stop_timeout (the
 /// drop-in's TimeoutStopSec=, after which systemd sends SIGKILL to the whole cgroup) plus a

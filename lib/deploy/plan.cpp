@@ -3,6 +3,7 @@
 
 #include "store/store.hpp"
 #include "util/on_pool.hpp"
+#include "util/test_hooks.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
 #include "verify/index.hpp"
@@ -62,13 +63,18 @@ boost::asio::awaitable<Result<void>> check_index_shards(Services& s, const confi
 
 // Files still missing that a folder made outside modeld at models_dir/NAME holds (an
 // `hf download --local-dir`, a copy by hand) are hashed against the listing and hard-linked into
-// the revision; the rest stay missing and are downloaded. Hashing a large checkpoint takes
-// minutes, so the journal says first what is being hashed.
-boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run) {
-  const auto folder = s.store.foreign_folder(run.model.name);
-  if (!folder || run.missing.empty()) co_return Result<void>{};
-  const auto& commit = *run.record.commit;
-  auto scan = s.store.scan_adoption(run.model.name, commit, run.missing, *folder);
+// the revision at `commit`; they leave `missing` and join `adopted`, the rest is downloaded.
+// Hashing a large checkpoint takes minutes, so the journal says first what is being hashed.
+boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, const Run& run, const std::string& commit,
+                                                          std::vector<repo::RepoFile>& missing,
+                                                          std::set<std::string>& adopted_paths) {
+  if (missing.empty()) co_return Result<void>{};
+  // A stat and a scan of the folder: on the disk pool (by reference only: GCC 12).
+  auto folder = co_await util::on_pool<std::optional<std::filesystem::path>>(
+      s.disk_pool, [&] { return s.store.foreign_folder(run.model.name); });
+  if (!folder) co_return Result<void>{};
+  auto scan = co_await util::on_pool<Result<store::Adoption>>(
+      s.disk_pool, [&] { return s.store.scan_adoption(run.model.name, commit, missing, *folder); });
   if (!scan) co_return scan.error();
   sys::logf(sys::Level::info, run.fields(),
             "{} is a folder made outside modeld{}: hashing {} of its files ({}) that have the listed size",
@@ -76,7 +82,7 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
             util::format_bytes(scan->candidate_bytes));
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   auto adopted = co_await util::on_pool<Result<store::Adoption>>(
-      s.disk_pool, [&] { return s.store.adopt(run.model.name, commit, run.missing, *folder, cores); });
+      s.disk_pool, [&] { return s.store.adopt(run.model.name, commit, missing, *folder, cores); });
   if (!adopted) co_return adopted.error();
   for (const auto& r : adopted->rejected) {
     sys::Fields f = run.fields();
@@ -84,11 +90,11 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, Run& run)
     sys::logf(sys::Level::notice, f, "not adopted, to be downloaded: {}", r.reason);
   }
   std::set<std::string> taken(adopted->adopted.begin(), adopted->adopted.end());
-  std::erase_if(run.missing, [&](const repo::RepoFile& f) { return taken.contains(f.path); });
-  run.fetched.insert(taken.begin(), taken.end());
+  std::erase_if(missing, [&](const repo::RepoFile& f) { return taken.contains(f.path); });
+  adopted_paths.insert(taken.begin(), taken.end());
   sys::logf(sys::Level::notice, run.fields(),
             "adopted {} files ({}) from {} after hashing them (hard links, no copy); {} files left to download",
-            adopted->adopted.size(), util::format_bytes(adopted->adopted_bytes), folder->string(), run.missing.size());
+            adopted->adopted.size(), util::format_bytes(adopted->adopted_bytes), folder->string(), missing.size());
   co_return Result<void>{};
 }
 
@@ -199,16 +205,53 @@ boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, c
   co_return kept;
 }
 
-boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
-  auto& rec = run.record;
+namespace {
+
+// Whether stopping_old must come before freeing_disk: allow_downtime, and only evicting the
+// active model makes room for `need` bytes. Blocks (statvfs, a walk of the store).
+Result<bool> downtime_first_needed(Services& s, const Run& run, std::uint64_t need) {
+  auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false);
+  if (!without) return without.error();
+  if (without->fits) return false;
+  auto with = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, true);
+  if (!with) return with.error();
+  const bool evicts_active = std::any_of(with->evict.begin(), with->evict.end(),
+                                         [&](const auto& c) { return c.name == run.previous->model; });
+  return with->fits && evicts_active;
+}
+
+// The order planning decides: with allow_downtime, only when the download cannot fit otherwise
+// does the active model go, and then it must be stopped before freeing_disk deletes its files.
+// A resumed deployment keeps the order it decided. Disk work on the disk pool.
+boost::asio::awaitable<Result<bool>> decide_order(Services& s, const Run& run, const Planned& p) {
+  const auto& rec = run.record;
+  if (rec.downtime_first || !rec.allow_downtime || !run.previous) co_return rec.downtime_first;
+  std::uint64_t need = 0;
+  auto first = co_await util::on_pool<Result<bool>>(s.disk_pool, [&] {
+    need = bytes_still_needed(s, run.model.name, p.snapshot.commit, p.missing);
+    return downtime_first_needed(s, run, need);
+  });
+  if (first && *first)
+    sys::logf(sys::Level::warning, run.fields(),
+              "{} more are needed and only evicting the active model {} makes room: allow_downtime is set, so "
+              "{} is stopped before freeing_disk and no rollback will be possible",
+              util::format_bytes(need), run.previous->model, run.previous->model);
+  co_return first;
+}
+
+}  // namespace
+
+boost::asio::awaitable<Result<Planned>> run_planning(Services& s, const Run& run, Decisions& decisions) {
   // A resumed deployment keeps the commit it planned, so a push in between cannot mix versions.
-  const std::string revision = rec.commit.value_or(run.model.revision);
+  const std::string revision = run.record.commit.value_or(run.model.revision);
   auto listed = co_await list_planned_files(s, run.model, revision);
   if (!listed) co_return listed.error();
-  repo::Snapshot kept = std::move(*listed);
-  const auto* snap = &kept;
-
-  rec.commit = snap->commit;
+  Planned p;
+  p.snapshot = std::move(*listed);
+  const auto& kept = p.snapshot;
+  // Durable before the revision folder exists: a restart finds the folder of the recorded commit.
+  co_await decisions.commit_chosen(kept.commit);
+  test_hooks::crash_point("commit_chosen");
   const std::uint64_t total = util::total_size(kept.files);
 
   // Stats and hard links of a store that may hold terabytes: on the disk pool. By reference only
@@ -217,41 +260,21 @@ boost::asio::awaitable<Result<void>> run_planning(Services& s, Run& run) {
       s.disk_pool, [&] { return link_into_revision(s.store, run.model.name, kept); });
   if (!linked) co_return linked.error();
   if (!*linked) {
-    run.missing.clear();
     sys::logf(sys::Level::info, run.fields(), "{} at {} ({}): {} files, {}, already on disk and verified",
-              run.model.repo, revision, snap->commit.substr(0, 12), kept.files.size(), util::format_bytes(total));
+              run.model.repo, revision, kept.commit.substr(0, 12), kept.files.size(), util::format_bytes(total));
   } else {
-    run.missing = std::move(**linked);
-    if (auto r = co_await adopt_foreign_folder(s, run); !r) co_return r.error();
-    const std::uint64_t need = util::total_size(run.missing);
+    p.missing = std::move(**linked);
+    if (auto r = co_await adopt_foreign_folder(s, run, kept.commit, p.missing, p.adopted); !r) co_return r.error();
     sys::logf(sys::Level::info, run.fields(), "{} at {} is commit {}: {} files, {}; {} files, {} to download",
-              run.model.repo, revision, snap->commit, kept.files.size(), util::format_bytes(total),
-              run.missing.size(), util::format_bytes(need));
+              run.model.repo, revision, kept.commit, kept.files.size(), util::format_bytes(total), p.missing.size(),
+              util::format_bytes(util::total_size(p.missing)));
   }
-  if (rec.allow_downtime && run.previous && !rec.downtime_first) {
-    // Only when the download cannot fit otherwise does the active model go, and then it must be
-    // stopped before freeing_disk deletes its files.
-    const std::uint64_t need = bytes_still_needed(s, run);
-    auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false);
-    if (!without) co_return without.error();
-    if (!without->fits) {
-      auto with = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, true);
-      if (!with) co_return with.error();
-      const bool evicts_active = std::any_of(with->evict.begin(), with->evict.end(),
-                                             [&](const auto& c) { return c.name == run.previous->model; });
-      if (with->fits && evicts_active) {
-        rec.downtime_first = true;
-        sys::logf(sys::Level::warning, run.fields(),
-                  "{} more are needed and only evicting the active model {} makes room: allow_downtime is set, so "
-                  "{} is stopped before freeing_disk and no rollback will be possible",
-                  util::format_bytes(need), run.previous->model, run.previous->model);
-      }
-    }
-  }
-  rec.progress.files_total = static_cast<unsigned>(run.missing.size());
-  rec.progress.bytes_total = util::total_size(run.missing);
-  run.snapshot = std::move(kept);
-  co_return Result<void>{};
+  auto order = co_await decide_order(s, run, p);
+  if (!order) co_return order.error();
+  p.downtime_first = *order;
+  p.files_total = static_cast<unsigned>(p.missing.size());
+  p.bytes_total = util::total_size(p.missing);
+  co_return p;
 }
 
 namespace {

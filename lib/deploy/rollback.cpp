@@ -8,7 +8,7 @@
 
 namespace modeld::deploy {
 
-boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, Run& run) {
+boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& run) {
   const auto new_unit = units::serve_unit(run.model.name);
   const auto stop_timeout = run.model.serve.stop_timeout;
   sys::logf(sys::Level::warning, run.fields(), "stopping {}", new_unit);

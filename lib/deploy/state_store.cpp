@@ -56,11 +56,15 @@ Result<DaemonState> StateStore::load() const {
   try {
     auto j = nlohmann::json::parse(*text);
     DaemonState s;
-    if (j.contains("active") && !j["active"].is_null()) {
-      const auto& a = j["active"];
-      s.active = ActiveRecord{a.at("model").get<std::string>(), a.at("commit").get<std::string>(),
-                              a.at("since").get<std::string>()};
-    }
+    auto record = [](const nlohmann::json& a) {
+      return ActiveRecord{a.at("model").get<std::string>(), a.at("commit").get<std::string>(),
+                          a.at("since").get<std::string>()};
+    };
+    // "services" since the list; a file from before it has only "active".
+    if (j.contains("services"))
+      for (const auto& a : j.at("services")) s.active.services.push_back(record(a));
+    else if (j.contains("active") && !j["active"].is_null())
+      s.active = record(j["active"]);
     if (j.contains("last_active"))
       s.last_active = j["last_active"].get<std::map<std::string, std::string>>();
     return s;
@@ -70,11 +74,14 @@ Result<DaemonState> StateStore::load() const {
 }
 
 Result<void> StateStore::save(const DaemonState& s) {
+  auto record = [](const ActiveRecord& a) {
+    return nlohmann::json{{"model", a.model}, {"commit", a.commit}, {"since", a.since}};
+  };
   nlohmann::json j;
-  j["active"] = s.active ? nlohmann::json{{"model", s.active->model},
-                                          {"commit", s.active->commit},
-                                          {"since", s.active->since}}
-                         : nlohmann::json(nullptr);
+  j["services"] = nlohmann::json::array();
+  for (const auto& a : s.active.services) j["services"].push_back(record(a));
+  // The first service also as "active", the form a modeld from before the list reads.
+  j["active"] = s.active ? record(*s.active) : nlohmann::json(nullptr);
   j["last_active"] = s.last_active;
   return util::write_file_atomically(dir_ / "state.json", util::dump_json(j, 2) + "\n", 0600);
 }

@@ -1,9 +1,12 @@
 #pragma once
-// Durable daemon state in state_dir: which model serves (state.json) and one JSON file per
+// Durable daemon state in state_dir: which models serve (state.json) and one JSON file per
 // deployment (deployments/ID.json), each replaced atomically, so a restarted daemon knows the
-// active model and any unfinished deployment.
+// active model and any unfinished deployment. Every call blocks on the disk (reads, or a write
+// with fsync of the file and its directory): the Deployer calls the writes on its disk pool,
+// one at a time, and the reads only at start, before the loop serves anyone.
 
 #include "deploy/deployment.hpp"
+#include "deploy/records.hpp"
 #include "util/error.hpp"
 
 #include <filesystem>
@@ -14,16 +17,30 @@
 
 namespace modeld::deploy {
 
-/// The model in service, as recorded.
-struct ActiveRecord {
-  std::string model;
-  std::string commit;
-  std::string since;  ///< RFC 3339
+/// The services in service, held as a list (one at most for now; more once several models
+/// serve side by side). Reads as an optional ActiveRecord where the code means "the active model".
+class InService {
+ public:
+  std::vector<ActiveRecord> services;  ///< in the order they were put into service
+
+  /// Whether any model serves.
+  explicit operator bool() const noexcept { return !services.empty(); }
+  /// The (first) model in service; only when one serves.
+  const ActiveRecord* operator->() const { return &services.front(); }
+  /// The (first) model in service; only when one serves.
+  const ActiveRecord& operator*() const { return services.front(); }
+  /// Nothing serves any more.
+  void reset() noexcept { services.clear(); }
+  /// `r` is now the one model in service.
+  InService& operator=(ActiveRecord r) {
+    services.assign(1, std::move(r));
+    return *this;
+  }
 };
 
 /// What state.json holds.
 struct DaemonState {
-  std::optional<ActiveRecord> active;
+  InService active;  ///< the models in service ("services" in state.json, plus "active" for older readers)
   std::map<std::string, std::string> last_active;  ///< model -> RFC 3339 of when it last served
 };
 
@@ -32,22 +49,24 @@ class StateStore {
  public:
   explicit StateStore(std::filesystem::path state_dir);
 
-  /// Creates state_dir and state_dir/deployments (0700); io_error naming the path.
+  /// Creates state_dir and state_dir/deployments (0700); io_error naming the path. Blocks.
   Result<void> init();
 
   /// Reads state.json; an absent file is an empty state; a corrupt one is io_error naming it
-  /// (never silently replaced: an operator must look).
+  /// (never silently replaced: an operator must look). Reads the list of services, or the
+  /// single "active" object of a file written before it. Blocks.
   Result<DaemonState> load() const;
 
-  /// Replaces state.json atomically.
+  /// Replaces state.json atomically ("services" and, for older readers, "active"); io_error.
+  /// Blocks (write, fsync of file and directory).
   Result<void> save(const DaemonState& state);
 
   /// Replaces deployments/ID.json atomically, and keeps at most `keep` deployment files
-  /// (oldest deleted first).
+  /// (oldest deleted first); io_error naming the file. Blocks (write, fsync of file and directory).
   Result<void> save_deployment(const Deployment& d, std::size_t keep = 200);
 
   /// Deployments on disk, newest first, at most `limit`; unreadable files are skipped with a
-  /// journal warning.
+  /// journal warning. Blocks (reads every record).
   std::vector<Deployment> load_history(std::size_t limit) const;
 
   const std::filesystem::path& dir() const { return dir_; }

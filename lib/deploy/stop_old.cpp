@@ -8,6 +8,7 @@
 #include "units/service_manager.hpp"
 #include "util/poll.hpp"
 #include "util/quantities.hpp"
+#include "util/test_hooks.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -91,7 +92,7 @@ asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::string
 // The new model's port held by a process that is neither the old model's service nor the new
 // model's own: stopping the old model would not free it, so the host would lose its model for
 // nothing.
-asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, Run& run, const std::string& old_unit,
+asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, const Run& run, const std::string& old_unit,
                                                          std::uint16_t old_port) {
   const auto port = run.model.serve.port;
   auto ours = co_await pids_of(s, units::serve_unit(run.model.name));
@@ -146,7 +147,7 @@ asio::awaitable<Result<void>> wait_nothing_left(Services& s, const Run& run, con
 
 }  // namespace
 
-boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
+boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& run, Decisions& decisions) {
   // What can fail on the new revision's files fails here, while the old model still serves
   // (with downtime_first nothing is downloaded yet, and the old model is to go anyway).
   if (!run.record.downtime_first) {
@@ -165,8 +166,8 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, Run& run) {
   if (auto r = co_await refuse_foreign_port_holder(s, run, unit, old_port); !r) co_return r.error();
   // From the moment StopUnit may be sent, the old model may be down: any failure or cancel from
   // here on must bring it back, so this is recorded durably before the stop.
-  run.record.old_stopped = true;
-  if (run.changed) run.changed();
+  co_await decisions.stopping_old();
+  test_hooks::crash_point("old_stopped_recorded");
 
   std::set<std::uint16_t> ports{run.model.serve.port};
   if (old_port) ports.insert(old_port);

@@ -12,7 +12,7 @@
 
 namespace modeld::deploy {
 
-boost::asio::awaitable<Result<void>> run_verifying(Services& s, Run& run) {
+boost::asio::awaitable<Result<void>> run_verifying(Services& s, const Run& run) {
   const auto& snap = *run.snapshot;
   const auto dir = s.store.revision_dir(run.model.name, snap.commit);
 

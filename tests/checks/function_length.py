@@ -38,8 +38,6 @@ PENDING = {
     ("lib/deploy/model_watcher.cpp", "ModelWatcher::watch"),
     ("lib/http/client.cpp", "exchange"),
     ("lib/control/routes.cpp", "metrics_text"),
-    ("lib/deploy/deployer.cpp", "Deployer::drive"),
-    ("lib/deploy/deployer.cpp", "Deployer::recover"),
     ("lib/control/server.cpp", "Server::Impl::session"),
 }
 

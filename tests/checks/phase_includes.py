@@ -21,7 +21,7 @@ import checklib
 # The phase files: one per phase of ARCHITECTURE.md's table (lib/deploy/<name>.cpp, required),
 # with their headers when they have one (<name>.hpp), a benchmark.cpp should benchmarking get its
 # own file, and anything under lib/deploy/phases/ should the phases move there.
-PHASES = ["plan", "free_disk", "download", "verify", "stop_old", "launch", "health_check", "rollback"]
+PHASES = ["plan", "free_disk", "download", "verify", "stop_old", "launch", "health_check", "cleanup", "rollback"]
 OPTIONAL_PHASES = ["benchmark"]
 PHASE_FOLDER = "phases"
 

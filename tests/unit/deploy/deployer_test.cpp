@@ -866,3 +866,23 @@ TEST_CASE("an emit of the daemon's cancellation tree ends the watch and the depl
   CHECK(it->phase == Phase::downloading);
   CHECK_FALSE(fx.deployer->start("old", false));  // no new work once stopping
 }
+
+TEST_CASE("a deployment interrupted in its cleanup finishes the cleanup after a restart and succeeds") {
+  const std::string older(40, 'd');  // a revision of "new" from before, for the cleanup to remove
+  Fixture fx;
+  fx.leave_crashed_in(Phase::health_checking);
+  fx.put_verified("new", older, false);
+  fx.record_active("new", kNew);  // the health check passed: "new" serves
+  auto records = fx.states.load_history(1);
+  REQUIRE(records.size() == 1);
+  records.front().cleanup_begun = true;
+  REQUIRE(fx.states.save_deployment(records.front()).has_value());
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  CHECK(phase_list(fx.phases()) == "benchmarking");
+  check_new_serves(fx, end, true);
+  CHECK(fx.ready_waits["new"] == 0);  // not checked again
+  CHECK_FALSE(fs::exists(fx.store.revision_dir("new", older)));
+  CHECK(fs::exists(fx.store.revision_dir("new", kNew)));
+  CHECK(fx.deployer->history(10).size() == 1);
+}

@@ -96,3 +96,26 @@ TEST_CASE("the files in flight appear under progress.files with their own rate a
   CHECK(f["connections"] == 3);
   CHECK(j["progress"]["files"][1]["eta_s"].is_null());
 }
+
+TEST_CASE("a record keeps its kind and whether its cleanup began, and one without them is a deploy not cleaning up") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.cleanup_begun = true;
+  auto j = to_json(d, true);
+  CHECK(j["kind"] == "deploy");
+  CHECK_FALSE(to_json(d).contains("kind"));  // internal: not in the API's DEPLOYMENT
+  auto back = deployment_from_json(j);
+  REQUIRE(back.has_value());
+  CHECK(back->kind == Kind::deploy);
+  CHECK(back->cleanup_begun);
+  j.erase("kind");
+  j.erase("cleanup_begun");
+  auto old = deployment_from_json(j);
+  REQUIRE(old.has_value());
+  CHECK(old->kind == Kind::deploy);
+  CHECK_FALSE(old->cleanup_begun);
+  j["kind"] = "teleport";
+  CHECK_FALSE(deployment_from_json(j).has_value());
+}

@@ -124,3 +124,31 @@ TEST_CASE("an error message quoting bytes that are not UTF-8 is saved and read b
   CHECK(nlohmann::json::parse(util::dump_json(to_json(d)))["error"]["message"] ==
         "the Hub answered 401: \xef\xbf\xbd\xef\xbf\xbd not ready");
 }
+
+TEST_CASE("state.json lists the services in service and keeps the form an older modeld reads") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  DaemonState st;
+  st.active = ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z"};
+  REQUIRE(s.save(st).has_value());
+  std::ifstream in(t.path / "state.json");
+  auto j = nlohmann::json::parse(in);
+  REQUIRE(j["services"].size() == 1);
+  CHECK(j["services"][0]["model"] == "kimi");
+  CHECK(j["active"]["model"] == "kimi");
+  CHECK(j["active"]["commit"] == std::string(40, 'c'));
+}
+
+TEST_CASE("a state.json written before the list of services loads its active model") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  std::ofstream(t.path / "state.json")
+      << R"({"active": {"model": "old", "commit": "abc", "since": "2026-01-01T00:00:00Z"}, "last_active": {}})";
+  auto st = s.load();
+  REQUIRE(st.has_value());
+  REQUIRE(st->active.services.size() == 1);
+  CHECK(st->active->model == "old");
+  CHECK(st->active->commit == "abc");
+}

@@ -78,9 +78,26 @@ struct Fixture {
     fs::remove_all(dir, ec);
   }
 
+  // The driver's side: the decision to stop lands in the record, as the Deployer records it.
+  struct Decisions final : deploy::Decisions {
+    deploy::Deployment& record;
+    explicit Decisions(deploy::Deployment& r) : record(r) {}
+    asio::awaitable<void> commit_chosen(const std::string& c) override {
+      record.commit = c;
+      co_return;
+    }
+    asio::awaitable<void> stopping_old() override {
+      record.old_stopped = true;
+      co_return;
+    }
+    void progress(const fetch::Progress&) override {}
+  };
+
   Result<void> stopping_old() {
-    deploy::Run run{record, *services.config->find_model("new"), deploy::ActiveRecord{"old", kCommit, ""}};
-    return test::run(ioc, deploy::run_stopping_old(services, run));
+    deploy::Run run{.record = record, .model = *services.config->find_model("new"),
+                    .previous = deploy::ActiveRecord{"old", kCommit, ""}};
+    Decisions decisions(record);
+    return test::run(ioc, deploy::run_stopping_old(services, run, decisions));
   }
 };
 

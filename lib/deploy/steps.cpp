@@ -1,0 +1,55 @@
+#include "deploy/steps.hpp"
+
+namespace modeld::deploy {
+
+Phase phase_of(Step s) noexcept {
+  switch (s) {
+    case Step::planning: return Phase::planning;
+    case Step::freeing_disk: return Phase::freeing_disk;
+    case Step::downloading: return Phase::downloading;
+    case Step::verifying: return Phase::verifying;
+    case Step::stopping_old: return Phase::stopping_old;
+    case Step::launching: return Phase::launching;
+    case Step::health_checking: return Phase::health_checking;
+    case Step::cleanup: return Phase::health_checking;
+    case Step::benchmarking: return Phase::benchmarking;
+  }
+  return Phase::planning;
+}
+
+std::optional<Step> step_of(Phase p) noexcept {
+  switch (p) {
+    case Phase::planning: return Step::planning;
+    case Phase::freeing_disk: return Step::freeing_disk;
+    case Phase::downloading: return Step::downloading;
+    case Phase::verifying: return Step::verifying;
+    case Phase::stopping_old: return Step::stopping_old;
+    case Phase::launching: return Step::launching;
+    case Phase::health_checking: return Step::health_checking;
+    case Phase::benchmarking: return Step::benchmarking;
+    case Phase::rolling_back: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(Step s) noexcept {
+  return s == Step::cleanup ? std::string_view("cleanup") : to_string(phase_of(s));
+}
+
+std::vector<PlannedStep> plan_steps(Kind, bool downtime_first) {
+  // Planning, freeing_disk, downloading and verifying leave the model in service alone (a large
+  // download takes hours while it keeps serving and being watched); so does cleanup, which spares
+  // the revision in service.
+  const PlannedStep stop{Step::stopping_old, true};
+  std::vector<PlannedStep> steps{{Step::planning, false}};
+  if (downtime_first) steps.push_back(stop);
+  for (Step s : {Step::freeing_disk, Step::downloading, Step::verifying}) steps.push_back({s, false});
+  if (!downtime_first) steps.push_back(stop);
+  steps.insert(steps.end(), {{Step::launching, true},
+                             {Step::health_checking, true},
+                             {Step::cleanup, false},
+                             {Step::benchmarking, true}});
+  return steps;
+}
+
+}  // namespace modeld::deploy

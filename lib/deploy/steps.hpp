@@ -1,0 +1,37 @@
+#pragma once
+// The plan of a deployment as data: its ordered steps, each with the phase the API shows while it
+// runs and whether it touches the service in service. Computed from the record (its kind and the
+// order planning decided), so a restarted daemon derives the same plan. No I/O.
+
+#include "deploy/deployment.hpp"
+
+#include <vector>
+
+namespace modeld::deploy {
+
+/// The steps a deployment may run; rolling back is not a step of the plan but its alternative.
+enum class Step {
+  planning, freeing_disk, downloading, verifying, stopping_old, launching, health_checking, cleanup,
+  benchmarking
+};
+
+/// One step of a plan.
+struct PlannedStep {
+  Step step;
+  bool touches_service;  ///< stops, starts or probes the model service: the model watcher pauses for it
+};
+
+/// The phase the API shows while `s` runs: its own, and health_checking for cleanup (no new phase name).
+Phase phase_of(Step s) noexcept;
+
+/// The step that runs as phase `p` (health_checking for it, not cleanup); nullopt for rolling_back.
+std::optional<Step> step_of(Phase p) noexcept;
+
+/// A name for the journal, e.g. "cleanup".
+std::string_view to_string(Step s) noexcept;
+
+/// The ordered steps of a deployment of kind `kind`; with `downtime_first` (allow_downtime and a
+/// disk plan that evicts the active model) stopping_old comes right after planning.
+std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first);
+
+}  // namespace modeld::deploy

@@ -1,0 +1,15 @@
+#pragma once
+// Test-only hooks. Their bodies are compiled in only with the CMake option MODELD_TEST_HOOKS
+// (developer and CI builds, the default); the packaged daemon is built without them
+// (scripts/package.sh), where every hook returns at once.
+
+#include <string_view>
+
+namespace modeld::test_hooks {
+
+/// With test hooks compiled in, ends the process at once (_exit(137): no destructors, no flush,
+/// as a kill -9 there would) when the environment variable MODELD_CRASH_POINT equals `name`;
+/// otherwise, and always in a build without them, returns. Never blocks.
+void crash_point(std::string_view name);
+
+}  // namespace modeld::test_hooks

@@ -1,0 +1,42 @@
+// The plan of a deployment as data: the order of its steps, which touch the service in service,
+// and the phase the API shows for each (cleanup adds no phase name).
+
+#include "deploy/steps.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <string>
+
+using namespace modeld::deploy;
+
+namespace {
+
+std::string names(const std::vector<PlannedStep>& steps, bool touching_only = false) {
+  std::string out;
+  for (const auto& s : steps)
+    if (!touching_only || s.touches_service) out += std::string(out.empty() ? "" : " ") + std::string(to_string(s.step));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a deploy's steps: stopping_old after verifying, cleanup between health_checking and benchmarking") {
+  const auto steps = plan_steps(Kind::deploy, false);
+  CHECK(names(steps) ==
+        "planning freeing_disk downloading verifying stopping_old launching health_checking cleanup benchmarking");
+  CHECK(names(steps, true) == "stopping_old launching health_checking benchmarking");
+}
+
+TEST_CASE("with downtime first, stopping_old comes right after planning") {
+  CHECK(names(plan_steps(Kind::deploy, true)) ==
+        "planning stopping_old freeing_disk downloading verifying launching health_checking cleanup benchmarking");
+}
+
+TEST_CASE("cleanup shows as health_checking, every other step as its own phase") {
+  CHECK(phase_of(Step::cleanup) == Phase::health_checking);
+  for (const auto& s : plan_steps(Kind::deploy, false)) {
+    if (s.step == Step::cleanup) continue;
+    CHECK(step_of(phase_of(s.step)) == s.step);
+  }
+  CHECK_FALSE(step_of(Phase::rolling_back));
+}
