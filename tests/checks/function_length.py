@@ -29,18 +29,6 @@ MAIN_MAX_LINES = 59  # `main` stays under 60 lines
 EXCEPTIONS = {
 }
 
-# PENDING: functions that other helpers of issue 14 are splitting right now. The coordinator
-# empties this list after merging their branches; an entry that no longer exceeds its limit is
-# reported as a note, not a failure, until then.
-PENDING = {
-    ("daemon/modeld/main.cpp", "main"),
-    ("daemon/modelctl/main.cpp", "main"),
-    ("lib/deploy/model_watcher.cpp", "ModelWatcher::watch"),
-    ("lib/http/client.cpp", "exchange"),
-    ("lib/control/routes.cpp", "metrics_text"),
-    ("lib/control/server.cpp", "Server::Impl::session"),
-}
-
 SOURCE_SUFFIXES = (".cpp", ".hpp", ".cc", ".h")
 OPENS_NO_FUNCTION = re.compile(
     r"^(if|for|while|switch|catch|do|else|try|return|namespace|struct|class|enum|union|extern)\b")
@@ -221,7 +209,7 @@ def check(root, paths, out=sys.stdout):
             if length <= limit_for(name):
                 continue
             seen.add(key)
-            if key in EXCEPTIONS or key in PENDING:
+            if key in EXCEPTIONS:
                 continue
             problems += 1
             print(f"{rel}:{first}: function {name} is {length} lines long "
@@ -232,9 +220,6 @@ def check(root, paths, out=sys.stdout):
             problems += 1
             print(f"{key[0]}: {key[1]} is listed in EXCEPTIONS but is not over its limit: "
                   f"remove the entry", file=out)
-    for key in sorted(PENDING - seen):
-        if _under(root, key[0], paths):
-            print(f"note: {key[0]}: {key[1]} is PENDING but no longer over its limit", file=out)
     return problems
 
 
@@ -300,7 +285,7 @@ def main(argv):
     return checklib.main(
         argv, lambda root, args: check(root, args or ["lib", "daemon"]), self_test,
         f"function lengths ok (limits: {MAX_LINES} lines, main under {MAIN_MAX_LINES + 1}; "
-        f"{len(EXCEPTIONS)} exception(s), {len(PENDING)} pending)",
+        f"{len(EXCEPTIONS)} exception(s))",
         lambda n: f"{n} function length problem(s) (limits: {MAX_LINES} lines, main under {MAIN_MAX_LINES + 1})")
 
 
