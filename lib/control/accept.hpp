@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace modeld::control::detail {
 
@@ -38,6 +39,21 @@ void stop_on(boost::asio::cancellation_slot slot, const std::shared_ptr<Owner>& 
   slot.assign([weak = std::weak_ptr<Owner>(owner)](boost::asio::cancellation_type) {
     if (auto o = weak.lock()) o->stop();
   });
+}
+
+/// Stops `owner` once (sets `owner.stopped`, closes `owner.acceptor`) and closes every
+/// connection still alive in `table` (id -> weak_ptr to a connection with close()); the
+/// connections are copied first, as closing one wakes its coroutine, which leaves the table.
+template <class Owner, class Table>
+void stop_listening(Owner& owner, Table& table) {
+  if (owner.stopped) return;
+  owner.stopped = true;
+  boost::system::error_code ec;
+  owner.acceptor.close(ec);
+  std::vector<decltype(table.begin()->second.lock())> open;
+  for (auto& [id, weak] : table)
+    if (auto c = weak.lock()) open.push_back(std::move(c));
+  for (auto& c : open) c->close();
 }
 
 /// Accepts connections on `owner.acceptor` until it is closed or `owner.stopped` is set, giving

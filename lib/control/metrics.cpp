@@ -263,16 +263,7 @@ void MetricsListener::start(asio::cancellation_slot stop_on) {
 
 void MetricsListener::stop() { impl_->stop(); }
 
-void MetricsListener::Impl::stop() {
-  if (stopped) return;
-  stopped = true;
-  boost::system::error_code ec;
-  acceptor.close(ec);
-  std::vector<std::shared_ptr<Stream>> open;
-  for (auto& [id, weak] : streams)
-    if (auto s = weak.lock()) open.push_back(std::move(s));
-  for (auto& s : open) s->close();
-}
+void MetricsListener::Impl::stop() { detail::stop_listening(*this, streams); }
 
 asio::awaitable<void> MetricsListener::Impl::accept_loop() {
   auto self = shared_from_this();

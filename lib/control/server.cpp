@@ -247,17 +247,7 @@ void Server::start(asio::cancellation_slot stop_on) {
 
 void Server::stop() { impl_->stop(); }
 
-void Server::Impl::stop() {
-  if (stopped) return;
-  stopped = true;
-  boost::system::error_code ec;
-  acceptor.close(ec);
-  // Copy first: closing wakes sessions, which remove themselves from the table.
-  std::vector<std::shared_ptr<Conn>> open;
-  for (auto& [id, weak] : conns)
-    if (auto c = weak.lock()) open.push_back(std::move(c));
-  for (auto& c : open) c->close();
-}
+void Server::Impl::stop() { detail::stop_listening(*this, conns); }
 
 asio::awaitable<void> Server::Impl::accept_loop() {
   auto self = shared_from_this();
