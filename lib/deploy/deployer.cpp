@@ -1001,9 +1001,17 @@ asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig
   co_return co_await dry_run_plan(services_, m, allow_downtime, active, last_active);
 }
 
+asio::awaitable<std::optional<Error>> Deployer::unknown_model(const std::string& model) {
+  if (services_.config->find_model(model)) co_return std::nullopt;
+  // Two lstat calls (blocking: on the disk pool).
+  auto& st = services_.store;
+  const bool there = co_await util::on_pool<bool>(services_.disk_pool, [&] { return on_disk(st, model); });
+  if (there) co_return std::nullopt;
+  co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured or on disk", model));
+}
+
 asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {
-  if (!services_.config->find_model(model) && !on_disk(services_.store, model))
-    co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured or on disk", model));
+  if (auto unknown = co_await unknown_model(model)) co_return *unknown;
   if (auto c = disk_conflict(model, "verify")) co_return *c;
   BusyGuard guard(busy_, model, "verify");
   sys::Fields f;
@@ -1039,8 +1047,7 @@ void Deployer::rewatch_verified(const std::string& model, const std::string& com
 }
 
 asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
-  if (!services_.config->find_model(model) && !on_disk(services_.store, model))
-    co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured or on disk", model));
+  if (auto unknown = co_await unknown_model(model)) co_return *unknown;
   if (auto c = disk_conflict(model, "rm")) co_return *c;
   BusyGuard guard(busy_, model, "rm");
   auto r = co_await remove_from_disk(services_, model);

@@ -155,6 +155,8 @@ class Deployer final : public Engine {
   static bool owns_service(const Running& r);
   void on_progress(Running& r, const struct fetch::Progress& p);
   std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
+  // unknown_model when `model` is neither configured nor on disk (a stat on the disk pool).
+  boost::asio::awaitable<std::optional<Error>> unknown_model(const std::string& model);
   std::optional<Error> disk_conflict(const std::string& model, std::string_view action) const;
   // What one walk of the store found (models()).
   struct DiskModels;

@@ -3,6 +3,7 @@
 
 #include "fetch/fetch.hpp"
 #include "store/store.hpp"
+#include "util/on_pool.hpp"
 #include "util/quantities.hpp"
 
 #include <fmt/format.h>
@@ -40,7 +41,8 @@ boost::asio::awaitable<Result<Downloaded>> run_downloading(Services& s, const Ru
       // Another writer filled the disk after freeing_disk made room (or the listing's sizes were
       // wrong): say by how much it is short. The partial files stay for a resume once there is
       // room; nothing was promoted.
-      auto free = store::free_bytes(opt.dest_dir);
+      // A statvfs (blocking: on the disk pool).
+      auto free = co_await util::on_pool<Result<std::uint64_t>>(s.disk_pool, [&] { return store::free_bytes(opt.dest_dir); });
       const std::uint64_t left = total > done ? total - done : 0;
       const std::uint64_t want = util::add_bytes(left, opt.disk_reserve);
       e.message += fmt::format("; {} of the download is still to come, {} is free on that file system and "

@@ -63,6 +63,8 @@ std::string render_dropin(const config::ModelConfig& model, const std::filesyste
 
 boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::ModelConfig& model) {
   const auto unit = units::serve_unit(model.name);
+  // On the event loop: the process backend keeps its drop-ins in memory, owned by the loop; the
+  // systemd backend writes one small file (a few ms, fsync included).
   if (auto r = s.units.write_dropin(unit, "10-modeld.conf", render_dropin(model, s.store.model_path(model.name))); !r)
     co_return r.error();
   co_return co_await s.units.reload();
@@ -88,7 +90,9 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) 
   if (auto r = co_await check_gpus_for_launch(s, run); !r) co_return r.error();
   // A folder the files were adopted from is kept, out of the link's way: it may hold more than
   // the checkpoint, and modeld deletes nothing it did not write.
-  auto aside = s.store.set_aside_foreign(run.model.name);
+  // Renames and the link's switch (blocking: on the disk pool).
+  auto aside = co_await util::on_pool<Result<std::optional<std::filesystem::path>>>(
+      s.disk_pool, [&] { return s.store.set_aside_foreign(run.model.name); });
   if (!aside) co_return aside.error();
   if (*aside)
     sys::logf(sys::Level::notice, run.fields(),
@@ -96,7 +100,8 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) 
               "that serve now: do not edit them there (it would change the model in service), delete the folder "
               "when it is no longer needed",
               s.store.model_path(run.model.name).string(), (*aside)->string());
-  if (auto r = s.store.switch_link(run.model.name, commit); !r) co_return r.error();
+  auto switched = co_await util::on_pool<Result<void>>(s.disk_pool, [&] { return s.store.switch_link(run.model.name, commit); });
+  if (!switched) co_return switched.error();
   if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "starting {} on port {} with {} -> {}", unit, run.model.serve.port,
             s.store.model_path(run.model.name).string(), commit.substr(0, 12));

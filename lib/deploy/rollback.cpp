@@ -3,6 +3,7 @@
 
 #include "store/store.hpp"
 #include "units/service_manager.hpp"
+#include "util/on_pool.hpp"
 
 #include <fmt/format.h>
 
@@ -23,8 +24,10 @@ boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& ru
     co_return make_error(Errc::rollback_failed,
                          fmt::format("model {} that served before is no longer configured", run.previous->model));
   // Its files were never touched: a new revision of the same model lives in its own folder.
-  if (auto r = s.store.switch_link(old->name, run.previous->commit); !r)
-    co_return make_error(Errc::rollback_failed, r.error().message);
+  // The link's switch (blocking: on the disk pool).
+  auto switched = co_await util::on_pool<Result<void>>(
+      s.disk_pool, [&] { return s.store.switch_link(old->name, run.previous->commit); });
+  if (!switched) co_return make_error(Errc::rollback_failed, switched.error().message);
   if (auto r = co_await install_dropin(s, *old); !r) co_return make_error(Errc::rollback_failed, r.error().message);
   const auto old_unit = units::serve_unit(old->name);
   sys::logf(sys::Level::warning, run.fields(), "starting {} again (model {} at {})", old_unit, old->name,
