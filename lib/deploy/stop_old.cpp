@@ -16,6 +16,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <optional>
@@ -37,13 +38,13 @@ struct Leftovers {
   std::vector<std::pair<std::uint16_t, PortUse>> ports;
   bool empty() const { return in_cgroup.empty() && ports.empty(); }
   std::string describe(const std::string& unit) const {
-    std::string out;
+    std::vector<std::string> parts;
     if (!in_cgroup.empty())
-      out += fmt::format("{} still in the control group of {}", describe_processes(in_cgroup), unit);
+      parts.push_back(fmt::format("{} still in the control group of {}", describe_processes(in_cgroup), unit));
     for (const auto& [port, use] : ports)
-      out += fmt::format("{}port {} still listened on by {}", out.empty() ? "" : "; ", port,
-                         use.holders.empty() ? "a process modeld cannot see" : describe_processes(use.holders));
-    return out;
+      parts.push_back(fmt::format("port {} still listened on by {}", port,
+                                  use.holders.empty() ? "a process modeld cannot see" : describe_processes(use.holders)));
+    return fmt::format("{}", fmt::join(parts, "; "));
   }
 };
 

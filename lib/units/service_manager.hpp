@@ -75,7 +75,9 @@ class ServiceManager {
   virtual boost::asio::awaitable<Result<void>> reset_failed(const std::string& unit) = 0;
   /// Reload(): makes systemd re-read unit files and drop-ins.
   virtual boost::asio::awaitable<Result<void>> reload() = 0;
-  /// Writes unit_dir/UNIT.d/NAME atomically (mode 0644); io_error naming the path.
+  /// Writes unit_dir/UNIT.d/NAME atomically (mode 0644); io_error naming the path. Blocks for one
+  /// small file written and fsynced (systemd backend; the process backend parses it in memory, on
+  /// the caller's thread, which must be the event loop).
   virtual Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) = 0;
   /// Where the unit's output is in the journal (the systemd backend's default: by unit and
   /// invocation, readable). Does not block.
