@@ -51,6 +51,24 @@ struct UnitJournal::Handle {
   ~Handle() { sd_journal_close(j); }
 };
 
+namespace {
+
+// Whether the entry under the journal's cursor is from an earlier run of the unit than the one
+// `q` asks for: another _SYSTEMD_INVOCATION_ID. A line without one (it reached journald after its
+// process exited) counts as the newest run's.
+bool from_earlier_run(sd_journal* j, const UnitJournalQuery& q) {
+  if (!q.identifier.empty() || q.invocation_id.empty()) return false;
+  const void* data = nullptr;
+  std::size_t len = 0;
+  if (sd_journal_get_data(j, "_SYSTEMD_INVOCATION_ID", &data, &len) < 0) return false;
+  std::string_view field(static_cast<const char*>(data), len);
+  constexpr std::string_view prefix = "_SYSTEMD_INVOCATION_ID=";
+  if (field.substr(0, prefix.size()) == prefix) field.remove_prefix(prefix.size());
+  return field != q.invocation_id;
+}
+
+}  // namespace
+
 UnitJournal::UnitJournal(UnitJournalQuery query, std::unique_ptr<Handle> handle)
     : query_(std::move(query)), handle_(std::move(handle)) {}
 
@@ -64,12 +82,11 @@ Result<std::unique_ptr<UnitJournal::Handle>> UnitJournal::open_handle(const Unit
     h->j = nullptr;
     return make_error(Errc::io_error, fmt::format("cannot open {} to read {}'s lines: {}", where(q), q.unit, why(r)));
   }
+  // By unit only: the run is told apart while reading (from_earlier_run), since a line that reaches
+  // journald after its process exited carries the unit but no _SYSTEMD_INVOCATION_ID, and such
+  // lines (a server failing at once: bad arguments, out of memory) are the ones that matter.
   std::string unit_match = q.identifier.empty() ? "_SYSTEMD_UNIT=" + q.unit : "SYSLOG_IDENTIFIER=" + q.identifier;
   r = sd_journal_add_match(h->j, unit_match.data(), unit_match.size());
-  if (r >= 0 && q.identifier.empty() && !q.invocation_id.empty()) {
-    std::string inv = "_SYSTEMD_INVOCATION_ID=" + q.invocation_id;
-    r = sd_journal_add_match(h->j, inv.data(), inv.size());
-  }
   if (r < 0)
     return make_error(Errc::io_error, fmt::format("cannot filter {} for {}: {}", where(q), q.unit, why(r)));
   h->watching = sd_journal_get_fd(h->j) >= 0;
@@ -110,6 +127,8 @@ Result<UnitOutput> UnitJournal::read() {
     std::uint64_t t = 0;
     if (sd_journal_get_realtime_usec(j, &t) < 0) continue;
     if (t < since_us) break;
+    // Reading newest first: once an earlier run's line shows, everything further back is older.
+    if (from_earlier_run(j, q)) break;
     if (out.newest_cursor.empty()) {
       char* cursor = nullptr;
       if (sd_journal_get_cursor(j, &cursor) >= 0 && cursor) {

@@ -19,7 +19,9 @@ namespace modeld::sys {
 /// Which journal entries count as a unit's output.
 struct UnitJournalQuery {
   std::string unit;           ///< matched as _SYSTEMD_UNIT (the unit's own stdout/stderr and syslog lines)
-  std::string invocation_id;  ///< 32 hex digits: only this run of the unit (_SYSTEMD_INVOCATION_ID); empty: any
+  /// 32 hex digits: only this run of the unit (_SYSTEMD_INVOCATION_ID, or none: a line that reached
+  /// journald after its process exited, read up to the first line of an earlier run); empty: any run.
+  std::string invocation_id;
   /// Not empty: match SYSLOG_IDENTIFIER=identifier instead of the unit and invocation (the
   /// process backend's servers write to journald as "modeld-serve@NAME" from modeld's own unit).
   std::string identifier;
