@@ -12,8 +12,23 @@ if [ ! -e "$policy" ]; then
     chmod 0755 "$policy"
     trap 'rm -f "$policy"' EXIT INT TERM
 fi
-apt-get update -qq -o DPkg::Lock::Timeout=600
-# Another apt (unattended-upgrades, a colleague's install) may hold the lock: wait for it.
+# Another apt (unattended-upgrades, a colleague's install) may hold the lock: wait for it, up to
+# 10 minutes. DPkg::Lock::Timeout covers dpkg's lock, not the lists lock apt-get update takes, so
+# an update that finds that lock taken is tried again; any other failure ends the script at once.
+tries=0
+while ! out=$(apt-get update -qq -o DPkg::Lock::Timeout=600 2>&1); do
+    case "$out" in
+        *"Could not get lock"*) ;;
+        *) printf '%s\n' "$out" >&2; exit 1 ;;
+    esac
+    tries=$((tries + 1))
+    if [ "$tries" -ge 120 ]; then
+        printf '%s\ninstall-deps.sh: another apt held the package lists for 10 minutes; try again when it is done\n' "$out" >&2
+        exit 1
+    fi
+    [ "$tries" -eq 1 ] && echo "install-deps.sh: waiting for another apt to release /var/lib/apt/lists/lock" >&2
+    sleep 5
+done
 apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
     build-essential cmake ninja-build ccache pkg-config git ca-certificates \
     libboost1.81-dev libboost-url1.81-dev libsystemd-dev nlohmann-json3-dev libspdlog-dev libfmt-dev \
