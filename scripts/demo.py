@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,14 @@ def say(text: str):
     print(f"\n\033[1m==> {text}\033[0m" if sys.stdout.isatty() else f"\n==> {text}", flush=True)
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGHUP (a closed terminal or SSH session) arrived: clean up as Ctrl-C does."""
+
+
+def stop_on_signal(signum, _frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--keep", action="store_true", help="leave the hub, systemd and modeld running")
@@ -30,6 +39,8 @@ def main() -> int:
         return 1
 
     env = ModeldEnv(keep=args.keep, hub_args=["--throttle", "8MiB"], journal_to_host=True)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop_on_signal)
     try:
         say(f"generating two checkpoints in Hugging Face layout under {env.repos}")
         env.add_repo("demo-org/tiny-chat", shards=4, shard_size=args.shard_size, seed=1)
@@ -67,8 +78,15 @@ def main() -> int:
                   f"  nsenter -t {env.systemd.pid} -p -m journalctl -u modeld.service --since today\n"
                   f"and stop with: nsenter -t {env.systemd.pid} -p -m systemctl poweroff")
         return 0
+    except (KeyboardInterrupt, Stopped) as e:
+        print(f"\ndemo: interrupted ({e or 'Ctrl-C'}): stopping the hub, the private systemd and modeld",
+              file=sys.stderr)
+        return 130
     finally:
         if not args.keep:
+            # A second signal while cleaning up must not cut the cleanup short.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
             env.stop()
 
 
