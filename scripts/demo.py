@@ -76,7 +76,8 @@ def main() -> int:
         if args.keep:
             print(f"left running. Look with:\n  {env.modelctl_bin} --socket {env.socket} status\n"
                   f"  nsenter -t {env.systemd.pid} -p -m journalctl -u modeld.service --since today\n"
-                  f"and stop with: nsenter -t {env.systemd.pid} -p -m systemctl poweroff")
+                  f"and stop with:\n  nsenter -t {env.systemd.pid} -p -m systemctl poweroff; "
+                  f"kill {env.hub.proc.pid}; rm -rf {env.workdir}")
         return 0
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ndemo: interrupted ({e or 'Ctrl-C'}): stopping the hub, the private systemd and modeld",
