@@ -98,15 +98,24 @@ boost::asio::awaitable<Result<void>> adopt_foreign_folder(Services& s, const Run
   co_return Result<void>{};
 }
 
-// The disk side of planning: nullopt when the revision is on disk and verified already, else the
-// files still missing after hard-linking unchanged ones from older revisions. Blocks.
-Result<std::optional<std::vector<repo::RepoFile>>> link_into_revision(store::Store& st, const std::string& name,
-                                                                    const repo::Snapshot& kept) {
+// What the disk side of planning found: `missing` is nullopt when the revision is on disk and
+// verified already, else the files still missing after hard-linking unchanged ones from older
+// revisions, with the files that changed since the revision's verification among them (`changed`).
+struct Linked {
+  std::optional<std::vector<repo::RepoFile>> missing;
+  std::vector<std::string> changed;
+};
+
+// The disk side of planning. Blocks.
+Result<Linked> link_into_revision(store::Store& st, const std::string& name, const repo::Snapshot& kept) {
   if (auto r = st.prepare_revision(name, kept.commit); !r) return r.error();
-  if (st.manifest_still_matches(name, kept.commit)) return std::optional<std::vector<repo::RepoFile>>{};
+  if (st.manifest_still_matches(name, kept.commit)) return Linked{};
+  Linked out;
+  out.changed = st.changed_since_verification(name, kept.commit);
   auto missing = st.link_unchanged_and_list_missing(name, kept);
   if (!missing) return missing.error();
-  return std::optional<std::vector<repo::RepoFile>>(std::move(*missing));
+  out.missing = std::move(*missing);
+  return out;
 }
 
 // Why no file system could hold `path` beside the other listed files (`dirs`: every folder the
@@ -256,14 +265,20 @@ boost::asio::awaitable<Result<Planned>> run_planning(Services& s, const Run& run
 
   // Stats and hard links of a store that may hold terabytes: on the disk pool. By reference only
   // (GCC 12 mis-copies class objects captured by value in a coroutine).
-  auto linked = co_await util::on_pool<Result<std::optional<std::vector<repo::RepoFile>>>>(
-      s.disk_pool, [&] { return link_into_revision(s.store, run.model.name, kept); });
+  auto linked = co_await util::on_pool<Result<Linked>>(s.disk_pool,
+                                                      [&] { return link_into_revision(s.store, run.model.name, kept); });
   if (!linked) co_return linked.error();
-  if (!*linked) {
+  if (!linked->changed.empty())
+    sys::logf(sys::Level::warning, run.fields(),
+              "{} file{} of {} at {} changed since {} verified ({}): downloading {} again",
+              linked->changed.size(), linked->changed.size() == 1 ? "" : "s", run.model.name,
+              kept.commit.substr(0, 12), linked->changed.size() == 1 ? "it was" : "they were",
+              fmt::join(linked->changed, ", "), linked->changed.size() == 1 ? "it" : "them");
+  if (!linked->missing) {
     sys::logf(sys::Level::info, run.fields(), "{} at {} ({}): {} files, {}, already on disk and verified",
               run.model.repo, revision, kept.commit.substr(0, 12), kept.files.size(), util::format_bytes(total));
   } else {
-    p.missing = std::move(**linked);
+    p.missing = std::move(*linked->missing);
     if (auto r = co_await adopt_foreign_folder(s, run, kept.commit, p.missing, p.adopted); !r) co_return r.error();
     sys::logf(sys::Level::info, run.fields(), "{} at {} is commit {}: {} files, {}; {} files, {} to download",
               run.model.repo, revision, kept.commit, kept.files.size(), util::format_bytes(total), p.missing.size(),

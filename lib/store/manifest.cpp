@@ -117,6 +117,22 @@ Result<void> Store::write_manifest(const std::string& name, const Manifest& mani
   return util::write_file_atomically(path, util::dump_json(to_json(manifest), 1) + "\n");
 }
 
+std::vector<std::string> Store::changed_since_verification(const std::string& name, const std::string& commit) const {
+  std::vector<std::string> out;
+  auto m = read_manifest(name, commit);
+  if (!m || !*m || (*m)->commit != commit) return out;
+  const auto dir = revision_dir(name, commit);
+  for (const auto& f : (*m)->files) {
+    if (!util::safe_relative_path(f.path)) continue;
+    auto now = identity_of(dir / f.path);
+    const auto& was = f.identity;
+    if (!now || now->device != was.device || now->inode != was.inode || now->size != was.size ||
+        now->mtime_ns != was.mtime_ns)
+      out.push_back(f.path);
+  }
+  return out;
+}
+
 bool Store::manifest_still_matches(const std::string& name, const std::string& commit) const {
   return check_manifest(name, commit) == ManifestCheck::matches;
 }
@@ -257,10 +273,19 @@ Result<MissingFiles> Store::find_missing(const std::string& name, const repo::Sn
   }
 
   MissingFiles out;
+  const auto changed = changed_since_verification(name, snapshot.commit);
+  const std::set<std::string> damaged(changed.begin(), changed.end());
   for (const auto& f : snapshot.files) {
     const auto dest = target / f.path;
     struct stat st {};
     if (::lstat(dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<std::uint64_t>(st.st_size) == f.size) {
+      // Verified once and changed since (an edit in place, a copy over it): downloaded again,
+      // promoted by rename over it only once it hashes right.
+      if (damaged.contains(f.path)) {
+        out.changed.push_back(f.path);
+        out.missing.push_back(f);
+        continue;
+      }
       out.present_bytes = util::add_bytes(out.present_bytes, f.size);
       continue;  // present; its hash is checked by the fetch engine or verification later
     }

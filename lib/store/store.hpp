@@ -85,6 +85,9 @@ struct MissingFiles {
   std::vector<repo::RepoFile> missing;  ///< files to download
   std::uint64_t present_bytes = 0;     ///< listed files already in place with their listed size
   std::uint64_t linkable_bytes = 0;    ///< files another verified revision of the model holds unchanged
+  /// Files of a revision verified before whose content may have changed since
+  /// (Store::changed_since_verification): listed in `missing` too, to be downloaded again.
+  std::vector<std::string> changed;
 };
 
 /// What `hf download --local-dir` recorded about one file it wrote, in
@@ -152,6 +155,11 @@ class Store {
 
   /// Writes the manifest of a revision atomically (after verification only).
   Result<void> write_manifest(const std::string& name, const Manifest& manifest);
+
+  /// The files of revision `commit` that its manifest recorded and whose content may differ now:
+  /// another inode, size or mtime (a ctime alone, a hard link or chmod, leaves the content), or
+  /// gone. Empty when the revision has no readable manifest. Blocks (a stat per file).
+  std::vector<std::string> changed_since_verification(const std::string& name, const std::string& commit) const;
 
   /// Whether the revision has a manifest whose every file still has its recorded identity
   /// (no hashing: a stat per file, never waits; may see a link or unlink of modeld's own half-way).

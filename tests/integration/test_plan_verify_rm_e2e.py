@@ -184,6 +184,27 @@ def test_models_says_corrupt_once_a_verified_models_shard_changed_until_verify_f
     assert model_state(env, "model-a") == "verified"
 
 
+def test_a_deploy_downloads_again_a_shard_edited_since_its_verification(env):
+    active = env.status()["active"]["model"]
+    assert active != "model-a"
+    path = shard(env, "model-a", 2, 3)
+    original = path.read_bytes()
+    middle = len(original) // 2
+    with open(path, "r+b") as f:  # in place: the same file, other bytes
+        f.seek(middle)
+        f.write(bytes([original[middle] ^ 0xFF]))
+    assert model_state(env, "model-a") == "corrupt"
+    code, p = plan(env, "model-a")
+    assert code == 0 and p["files_to_fetch"] == 1 and p["bytes_to_fetch"] == len(original), p
+    dep = env.deploy_and_wait("model-a")
+    assert dep["state"] == "succeeded", dep
+    assert path.read_bytes() == original
+    assert model_state(env, "model-a") == "verified"
+    lines = env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep['id']}")
+    assert any("changed since" in e.get("MESSAGE", "") and path.name in e.get("MESSAGE", "") for e in lines)
+    assert env.deploy_and_wait(active)["state"] == "succeeded"  # as the tests after this one expect
+
+
 def restart_modeld(env: ModeldEnv) -> int:
     """Restarts modeld and waits for its socket; returns how many modeld journal lines came before."""
     seen = len(env.journal("SYSLOG_IDENTIFIER=modeld"))

@@ -323,6 +323,27 @@ TEST_CASE("a file changed since its revision was verified is not linked") {
   CHECK_FALSE(fs::exists(s.revision_dir("m", kB) / "w.bin"));
 }
 
+TEST_CASE("a file of a verified revision edited in place is listed missing again; one only hard-linked is not") {
+  TempDir dir;
+  Store s(dir.path);
+  repo::Snapshot a{"org/model", "main", kA, {listed("c.json", "{}", false), listed("w.bin", "0123456789", true)}};
+  install_verified(s, "m", a, {{"c.json", "{}"}, {"w.bin", "0123456789"}});
+  let_the_clock_pass(dir.path, newest_ctime(s, "m", kA));
+  // Same size, same inode, other bytes: a new mtime. A hard link moves c.json's ctime only.
+  write_file(s.revision_dir("m", kA) / "w.bin", "9876543210");
+  fs::create_hard_link(s.revision_dir("m", kA) / "c.json", dir.path / "c-link");
+  CHECK(s.changed_since_verification("m", kA) == std::vector<std::string>{"w.bin"});
+  auto plan = s.plan_missing("m", a);
+  REQUIRE(plan.has_value());
+  REQUIRE(plan->missing.size() == 1);
+  CHECK(plan->missing.front().path == "w.bin");
+  CHECK(plan->changed == std::vector<std::string>{"w.bin"});
+  auto missing = s.link_unchanged_and_list_missing("m", a);
+  REQUIRE(missing.has_value());
+  REQUIRE(missing->size() == 1);
+  CHECK(missing->front().path == "w.bin");
+}
+
 TEST_CASE("a listing path that escapes the revision folder is plan_invalid") {
   TempDir dir;
   Store s(dir.path);
