@@ -323,7 +323,7 @@ TEST_CASE("a file changed since its revision was verified is not linked") {
   CHECK_FALSE(fs::exists(s.revision_dir("m", kB) / "w.bin"));
 }
 
-TEST_CASE("a file of a verified revision edited in place is listed missing again; one only hard-linked is not") {
+TEST_CASE("a file of a verified revision edited in place is listed missing again, one only hard-linked is not") {
   TempDir dir;
   Store s(dir.path);
   repo::Snapshot a{"org/model", "main", kA, {listed("c.json", "{}", false), listed("w.bin", "0123456789", true)}};
