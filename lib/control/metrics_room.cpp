@@ -49,13 +49,16 @@ auto MetricsRoom::full(const Address& peer, Clock::time_point now) const -> std:
 std::optional<std::uint64_t> MetricsRoom::victim(const Address* peer, Clock::time_point now) const {
   std::map<Address, std::size_t> held;
   for (const auto& [id, c] : conns_) ++held[c.peer];
-  // Larger is closed first: stale (no progress for served_recently), address holding more, staler.
+  // Larger is closed first: stale (no progress for served_recently), then, within one address's
+  // room and among fresh ones, waiting for a request before being answered (a scrape whose request was read outlives
+  // connections that reopen and stall as fast as they are closed), then address holding more, staler.
   auto rank = [&](const Conn& c) {
     const auto idle = now - c.progress;
-    return std::tuple(idle >= served_recently, held[c.peer], idle);
+    const bool stale = idle >= served_recently;
+    return std::tuple(stale, peer != nullptr && !stale && !c.answering, held[c.peer], idle);
   };
   std::optional<std::uint64_t> best;
-  std::tuple<bool, std::size_t, Clock::duration> best_rank{};
+  std::tuple<bool, bool, std::size_t, Clock::duration> best_rank{};
   for (const auto& [id, c] : conns_) {
     if (peer && c.peer != *peer) continue;
     const auto r = rank(c);

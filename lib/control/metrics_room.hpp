@@ -70,8 +70,9 @@ class MetricsRoom {
   std::optional<Full> full(const Address& peer, Clock::time_point now) const;
 
   /// The connection to close for room at `now`, among `peer`'s when given, else among all: first
-  /// those without progress for served_recently, then those of the address holding the most, then
-  /// the longest without progress, whether it waits for a request or for its answer to be read.
+  /// those without progress for served_recently, then (among `peer`'s fresh ones) those waiting for
+  /// a request before those being answered, then those of the address holding the most, then the
+  /// longest without progress, whether it waits for a request or for its answer to be read.
   std::optional<std::uint64_t> victim(const Address* peer, Clock::time_point now) const;
 
  private:

@@ -56,6 +56,18 @@ TEST_CASE("at the per-address limit the victim is that address's connection long
   CHECK(room.full(ip("127.0.0.2"), t0 + 6s)->victim == id(3));
 }
 
+TEST_CASE("at the per-address limit a fresh connection being answered outlives fresh ones waiting for a request") {
+  // Stallers that send a request line and stop, reopened as soon as they are closed, beside a
+  // scrape whose request was read: every new staller takes a staller's place, not the scrape's.
+  MetricsRoom room(MetricsLimits{16, 4});
+  room.add(1, ip("127.0.0.1"), t0);  // the scrape, oldest of the four
+  room.set_answering(1, true);
+  for (std::uint64_t n = 2; n <= 4; ++n) room.add(n, ip("127.0.0.1"), t0 + std::chrono::milliseconds(n));
+  CHECK(room.full(ip("127.0.0.1"), t0 + 100ms)->victim == id(2));
+  // Once its answer stalls for a second, it goes first like any stale connection.
+  CHECK(room.full(ip("127.0.0.1"), t0 + 2s)->victim == id(1));
+}
+
 TEST_CASE("the pipelining attack: connections whose answers are never read make room for a scrape") {
   // 4 addresses x 4 connections (the defaults' 16), each blocked writing an answer its peer does
   // not read; the old rule closed only connections waiting for a request, and refused the scrape.
