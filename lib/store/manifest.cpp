@@ -125,10 +125,7 @@ std::vector<std::string> Store::changed_since_verification(const std::string& na
   for (const auto& f : (*m)->files) {
     if (!util::safe_relative_path(f.path)) continue;
     auto now = identity_of(dir / f.path);
-    const auto& was = f.identity;
-    if (!now || now->device != was.device || now->inode != was.inode || now->size != was.size ||
-        now->mtime_ns != was.mtime_ns)
-      out.push_back(f.path);
+    if (!now || !now->same_but_ctime(f.identity)) out.push_back(f.path);
   }
   return out;
 }

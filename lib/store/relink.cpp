@@ -10,15 +10,6 @@
 
 namespace modeld::store::detail {
 
-namespace {
-
-// The same file as recorded, but for the ctime a change of its link count moves.
-bool same_but_ctime(const FileIdentity& a, const FileIdentity& b) {
-  return a.device == b.device && a.inode == b.inode && a.size == b.size && a.mtime_ns == b.mtime_ns;
-}
-
-}  // namespace
-
 Relinking::Relinking(Store& store, const std::set<InodeKey>& inodes, const Skip& skip)
     : store_(store), lock_(store.relinking_) {
   if (inodes.empty()) return;
@@ -50,7 +41,7 @@ void Relinking::finish() {
     for (auto i : r.files) {
       auto& f = r.manifest.files[i];
       auto id = identity_of(dir / f.path);
-      if (!id || *id == f.identity || !same_but_ctime(*id, f.identity)) continue;
+      if (!id || *id == f.identity || !id->same_but_ctime(f.identity)) continue;
       f.identity.ctime_ns = id->ctime_ns;
       changed = true;
     }

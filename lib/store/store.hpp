@@ -28,6 +28,11 @@ struct FileIdentity {
   std::uint64_t device = 0, inode = 0, size = 0;
   std::int64_t mtime_ns = 0, ctime_ns = 0;
   bool operator==(const FileIdentity&) const = default;
+  /// Whether `other` is the same file with the same content as far as a stat tells (device, inode,
+  /// size, mtime), whatever its ctime, which a hard link made or removed, or a chmod, moves.
+  bool same_but_ctime(const FileIdentity& other) const {
+    return device == other.device && inode == other.inode && size == other.size && mtime_ns == other.mtime_ns;
+  }
 };
 
 /// One verified file of a manifest.
