@@ -111,8 +111,7 @@ Result<Linked> link_into_revision(store::Store& st, const std::string& name, con
   if (auto r = st.prepare_revision(name, kept.commit); !r) return r.error();
   if (st.manifest_still_matches(name, kept.commit)) return Linked{};
   Linked out;
-  out.changed = st.changed_since_verification(name, kept.commit);
-  auto missing = st.link_unchanged_and_list_missing(name, kept);
+  auto missing = st.link_unchanged_and_list_missing(name, kept, &out.changed);
   if (!missing) return missing.error();
   out.missing = std::move(*missing);
   return out;

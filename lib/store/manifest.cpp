@@ -160,9 +160,11 @@ bool Store::manifest_still_matches_settled(const std::string& name, const std::s
 }
 
 Result<std::vector<repo::RepoFile>> Store::link_unchanged_and_list_missing(const std::string& name,
-                                                                          const repo::Snapshot& snapshot) {
+                                                                          const repo::Snapshot& snapshot,
+                                                                          std::vector<std::string>* changed) {
   auto found = find_missing(name, snapshot, true);
   if (!found) return found.error();
+  if (changed) *changed = std::move(found->changed);
   return std::move(found->missing);
 }
 

@@ -187,11 +187,14 @@ class Store {
 
   /// For a revision about to be fetched: hard-links into it every listed file that another
   /// verified revision of the same model holds with the same digest and size; returns the
-  /// listed files that are still missing (not present with the listed size). Files already in
-  /// place are trusted only if a manifest or the fetch engine vouches for them later. The ctime
-  /// the links changed is re-recorded in every manifest that held those files unchanged. Blocks.
+  /// listed files that are still missing (not present with the listed size, or changed since the
+  /// revision's verification: changed_since_verification, whose paths go to `*changed` when
+  /// given). Files already in place are trusted only if a manifest or the fetch engine vouches for
+  /// them later. The ctime the links changed is re-recorded in every manifest that held those
+  /// files unchanged. Blocks.
   Result<std::vector<repo::RepoFile>> link_unchanged_and_list_missing(const std::string& name,
-                                                                      const repo::Snapshot& snapshot);
+                                                                      const repo::Snapshot& snapshot,
+                                                                      std::vector<std::string>* changed = nullptr);
 
   /// The dry run of link_unchanged_and_list_missing (the same decisions, for `modelctl plan`):
   /// creates, links and rewrites nothing. bad_request for an invalid name or commit,
