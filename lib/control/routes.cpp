@@ -55,12 +55,12 @@ json model_json(const deploy::ModelInfo& m) {
   return json{{"name", m.name},
               {"repo", m.repo},
               {"revision", m.revision},
-              {"commit", m.commit ? json(*m.commit) : json(nullptr)},
+              {"commit", util::or_null(m.commit)},
               {"state", m.state},
               {"size_bytes", m.size_bytes},
               {"active", m.active},
               {"pinned", m.pinned},
-              {"last_active", m.last_active ? json(*m.last_active) : json(nullptr)}};
+              {"last_active", util::or_null(m.last_active)}};
 }
 
 // Decodes one path segment (util::percent_decode); nullopt on a malformed escape or a decoded
@@ -484,7 +484,7 @@ json plan_json(const deploy::PlanReport& p) {
   for (const auto& e : p.evictions)
     evictions.push_back({{"name", e.name},
                          {"bytes", e.bytes},
-                         {"last_active", e.last_active ? json(*e.last_active) : json(nullptr)},
+                         {"last_active", util::or_null(e.last_active)},
                          {"active", e.active}});
   return json{{"model", p.model},
               {"repo", p.repo},
@@ -498,7 +498,7 @@ json plan_json(const deploy::PlanReport& p) {
               {"bytes_local", p.bytes_local},
               {"bytes_linkable", p.bytes_linkable},
               {"bytes_partial", p.bytes_partial},
-              {"adopt_from", p.adopt_from ? json(*p.adopt_from) : json(nullptr)},
+              {"adopt_from", util::or_null(p.adopt_from)},
               {"files_adoptable", p.files_adoptable},
               {"bytes_adoptable", p.bytes_adoptable},
               {"bytes_needed", p.bytes_needed},
@@ -508,7 +508,7 @@ json plan_json(const deploy::PlanReport& p) {
               {"fits", p.fits},
               {"shortfall_bytes", p.shortfall_bytes},
               {"allow_downtime", p.allow_downtime},
-              {"active_model", p.active_model ? json(*p.active_model) : json(nullptr)},
+              {"active_model", util::or_null(p.active_model)},
               {"rollback_possible", p.rollback_possible},
               {"fits_with_allow_downtime", p.fits_with_allow_downtime}};
 }

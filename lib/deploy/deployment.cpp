@@ -1,5 +1,7 @@
 #include "deploy/deployment.hpp"
 
+#include "util/json.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -42,11 +44,6 @@ std::optional<E> value_of(const std::array<std::pair<E, std::string_view>, N>& t
   return std::nullopt;
 }
 
-template <class T>
-nlohmann::json opt(const std::optional<T>& v) {
-  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
-}
-
 }  // namespace
 
 std::string_view to_string(Phase p) noexcept { return name_of(kPhases, p); }
@@ -67,7 +64,7 @@ nlohmann::json files_json(const std::vector<FileProgress>& files) {
                    {"bytes_done", f.bytes_done},
                    {"bytes_total", f.bytes_total},
                    {"rate_bytes_per_s", f.rate_bytes_per_s},
-                   {"eta_s", f.eta_s ? nlohmann::json(*f.eta_s) : nlohmann::json(nullptr)},
+                   {"eta_s", util::or_null(f.eta_s)},
                    {"connections", f.connections}});
   return out;
 }
@@ -80,7 +77,7 @@ nlohmann::json to_json(const Progress& p) {
           {"files_done", p.files_done},
           {"files_total", p.files_total},
           {"rate_bytes_per_s", p.rate_bytes_per_s},
-          {"eta_s", opt(p.eta_s)},
+          {"eta_s", util::or_null(p.eta_s)},
           {"files", files_json(p.files)}};
 }
 
@@ -88,22 +85,22 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
   nlohmann::json j{
       {"id", d.id},
       {"model", d.model},
-      {"commit", opt(d.commit)},
+      {"commit", util::or_null(d.commit)},
       {"allow_downtime", d.allow_downtime},
       {"phase", std::string(to_string(d.phase))},
       {"state", std::string(to_string(d.state))},
       {"progress", to_json(d.progress)},
       {"error", d.error ? error_json(*d.error) : nlohmann::json(nullptr)},
       {"started_at", d.started_at},
-      {"finished_at", opt(d.finished_at)},
+      {"finished_at", util::or_null(d.finished_at)},
       {"benchmark", d.benchmark_ttft_s ? nlohmann::json{{"ttft_s", *d.benchmark_ttft_s},
                                                         {"decode_tokens_per_s",
                                                          d.benchmark_decode_tokens_per_s.value_or(0)}}
                                        : nlohmann::json(nullptr)},
   };
   if (internal) {
-    j["previous_model"] = opt(d.previous_model);
-    j["previous_commit"] = opt(d.previous_commit);
+    j["previous_model"] = util::or_null(d.previous_model);
+    j["previous_commit"] = util::or_null(d.previous_commit);
     j["old_stopped"] = d.old_stopped;
     j["downtime_first"] = d.downtime_first;
     j["cancel_requested"] = d.cancel_requested;

@@ -1,18 +1,10 @@
 // The engine's events as fields, and their JSON where they leave the daemon (the SSE stream).
 #include "deploy/engine.hpp"
+#include "util/json.hpp"
 
 #include <nlohmann/json.hpp>
 
 namespace modeld::deploy {
-
-namespace {
-
-template <class T>
-nlohmann::json or_null(const std::optional<T>& v) {
-  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
-}
-
-}  // namespace
 
 std::string_view to_string(EventKind k) noexcept {
   switch (k) {
@@ -31,11 +23,11 @@ nlohmann::json to_json(const WatchdogStatus& w) {
           {"consecutive_failures", w.consecutive_failures},
           {"restarts", w.restarts},
           {"probe_failures", w.probe_failures},
-          {"last_restart_at", or_null(w.last_restart_at)},
-          {"last_restart_reason", or_null(w.last_restart_reason)},
-          {"last_probe_at", or_null(w.last_probe_at)},
-          {"last_probe_ok", or_null(w.last_probe_ok)},
-          {"last_probe_seconds", or_null(w.last_probe_seconds)}};
+          {"last_restart_at", util::or_null(w.last_restart_at)},
+          {"last_restart_reason", util::or_null(w.last_restart_reason)},
+          {"last_probe_at", util::or_null(w.last_probe_at)},
+          {"last_probe_ok", util::or_null(w.last_probe_ok)},
+          {"last_probe_seconds", util::or_null(w.last_probe_seconds)}};
 }
 
 Event deployment_event(EventKind kind, const Deployment& d) {
