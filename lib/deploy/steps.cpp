@@ -17,21 +17,6 @@ Phase phase_of(Step s) noexcept {
   return Phase::planning;
 }
 
-std::optional<Step> step_of(Phase p) noexcept {
-  switch (p) {
-    case Phase::planning: return Step::planning;
-    case Phase::freeing_disk: return Step::freeing_disk;
-    case Phase::downloading: return Step::downloading;
-    case Phase::verifying: return Step::verifying;
-    case Phase::stopping_old: return Step::stopping_old;
-    case Phase::launching: return Step::launching;
-    case Phase::health_checking: return Step::health_checking;
-    case Phase::benchmarking: return Step::benchmarking;
-    case Phase::rolling_back: return std::nullopt;
-  }
-  return std::nullopt;
-}
-
 std::string_view to_string(Step s) noexcept {
   return s == Step::cleanup ? std::string_view("cleanup") : to_string(phase_of(s));
 }

@@ -24,9 +24,6 @@ struct PlannedStep {
 /// The phase the API shows while `s` runs: its own, and health_checking for cleanup (no new phase name).
 Phase phase_of(Step s) noexcept;
 
-/// The step that runs as phase `p` (health_checking for it, not cleanup); nullopt for rolling_back.
-std::optional<Step> step_of(Phase p) noexcept;
-
 /// A name for the journal, e.g. "cleanup".
 std::string_view to_string(Step s) noexcept;
 
