@@ -1,16 +1,15 @@
 #include "deploy/deployment.hpp"
 
 #include "util/json.hpp"
+#include "util/name_table.hpp"
 
 #include <nlohmann/json.hpp>
 
-#include <array>
-#include <utility>
 
 namespace modeld::deploy {
 namespace {
 
-constexpr std::array<std::pair<Phase, std::string_view>, 9> kPhases{{
+constexpr util::NameTable<Phase, 9> kPhases{{
     {Phase::planning, "planning"},
     {Phase::freeing_disk, "freeing_disk"},
     {Phase::downloading, "downloading"},
@@ -22,7 +21,7 @@ constexpr std::array<std::pair<Phase, std::string_view>, 9> kPhases{{
     {Phase::rolling_back, "rolling_back"},
 }};
 
-constexpr std::array<std::pair<State, std::string_view>, 5> kStates{{
+constexpr util::NameTable<State, 5> kStates{{
     {State::running, "running"},
     {State::succeeded, "succeeded"},
     {State::failed, "failed"},
@@ -30,26 +29,13 @@ constexpr std::array<std::pair<State, std::string_view>, 5> kStates{{
     {State::rolled_back, "rolled_back"},
 }};
 
-template <class E, std::size_t N>
-std::string_view name_of(const std::array<std::pair<E, std::string_view>, N>& table, E v) {
-  for (const auto& [e, n] : table)
-    if (e == v) return n;
-  return "unknown";
-}
-
-template <class E, std::size_t N>
-std::optional<E> value_of(const std::array<std::pair<E, std::string_view>, N>& table, std::string_view s) {
-  for (const auto& [e, n] : table)
-    if (n == s) return e;
-  return std::nullopt;
-}
 
 }  // namespace
 
-std::string_view to_string(Phase p) noexcept { return name_of(kPhases, p); }
-std::string_view to_string(State s) noexcept { return name_of(kStates, s); }
-std::optional<Phase> phase_from_string(std::string_view s) noexcept { return value_of(kPhases, s); }
-std::optional<State> state_from_string(std::string_view s) noexcept { return value_of(kStates, s); }
+std::string_view to_string(Phase p) noexcept { return util::name_in(kPhases, p).value_or("unknown"); }
+std::string_view to_string(State s) noexcept { return util::name_in(kStates, s).value_or("unknown"); }
+std::optional<Phase> phase_from_string(std::string_view s) noexcept { return util::value_in(kPhases, s); }
+std::optional<State> state_from_string(std::string_view s) noexcept { return util::value_in(kStates, s); }
 
 nlohmann::json error_json(const Error& e) {
   return {{"code", std::string(to_string(e.code))}, {"message", e.message}};

@@ -2,19 +2,18 @@
 // waiting for a unit to stop.
 #include "units/service_manager.hpp"
 
+#include "util/name_table.hpp"
 #include "util/poll.hpp"
 
 #include <fmt/format.h>
 
-#include <array>
-#include <utility>
 
 namespace modeld::units {
 
 namespace asio = boost::asio;
 
 namespace {
-constexpr std::array<std::pair<ActiveState, std::string_view>, 9> kStates{{
+constexpr util::NameTable<ActiveState, 9> kStates{{
     {ActiveState::inactive, "inactive"},
     {ActiveState::active, "active"},
     {ActiveState::activating, "activating"},
@@ -27,16 +26,10 @@ constexpr std::array<std::pair<ActiveState, std::string_view>, 9> kStates{{
 }};
 }  // namespace
 
-std::string_view to_string(ActiveState state) {
-  for (const auto& [s, text] : kStates)
-    if (s == state) return text;
-  return "unknown";
-}
+std::string_view to_string(ActiveState state) { return util::name_in(kStates, state).value_or("unknown"); }
 
 ActiveState parse_active_state(std::string_view text) {
-  for (const auto& [s, word] : kStates)
-    if (word == text) return s;
-  return ActiveState::unknown;
+  return util::value_in(kStates, text).value_or(ActiveState::unknown);
 }
 
 bool is_stopped(ActiveState state) { return state == ActiveState::inactive || state == ActiveState::failed; }

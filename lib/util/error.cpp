@@ -1,11 +1,10 @@
 #include "util/error.hpp"
 
-#include <array>
-#include <utility>
+#include "util/name_table.hpp"
 
 namespace modeld {
 namespace {
-constexpr std::array<std::pair<Errc, std::string_view>, 29> kNames{{
+constexpr util::NameTable<Errc, 29> kNames{{
     {Errc::bad_request, "bad_request"},
     {Errc::config_invalid, "config_invalid"},
     {Errc::unknown_model, "unknown_model"},
@@ -38,17 +37,9 @@ constexpr std::array<std::pair<Errc, std::string_view>, 29> kNames{{
 }};
 }  // namespace
 
-std::string_view to_string(Errc c) noexcept {
-  for (const auto& [code, name] : kNames)
-    if (code == c) return name;
-  return "internal";
-}
+std::string_view to_string(Errc c) noexcept { return util::name_in(kNames, c).value_or("internal"); }
 
-Errc errc_from_string(std::string_view name) noexcept {
-  for (const auto& [code, n] : kNames)
-    if (n == name) return code;
-  return Errc::internal;
-}
+Errc errc_from_string(std::string_view name) noexcept { return util::value_in(kNames, name).value_or(Errc::internal); }
 
 void throw_exception_from_error(const Error& e, const boost::source_location&) {
   throw ErrorException(e);
