@@ -52,20 +52,7 @@ constexpr std::size_t kBlockSize = 1u << 20;       // body blocks handed to a si
 constexpr std::size_t kReadBufferSize = 64u << 10; // Beast's largest read (read_size_or_throw)
 constexpr std::uint32_t kHeaderLimit = 64u << 10;  // the Hub's 302s carry many headers
 
-char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (lower(a[i]) != lower(b[i])) return false;
-  return true;
-}
-
-std::string to_lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) c = lower(c);
-  return out;
-}
+using util::iequals;
 
 std::uint16_t default_port(std::string_view scheme) { return scheme == "https" ? 443 : 80; }
 
@@ -124,11 +111,11 @@ Result<Url> from_parsed(const boost::urls::url_view_base& u, std::string_view sh
   };
   if (!u.has_scheme() || !u.has_authority()) return bad("it is not absolute (scheme://host/...)");
   Url url;
-  url.scheme = to_lower(u.scheme());
+  url.scheme = util::ascii_lower(u.scheme());
   if (url.scheme != "http" && url.scheme != "https") return bad("the scheme is not http or https");
   if (u.has_userinfo()) return bad("user information in URLs is not supported");
   if (u.host_type() == boost::urls::host_type::ipvfuture) return bad("the host is not a name or address");
-  url.host = to_lower(u.host_address());
+  url.host = util::ascii_lower(u.host_address());
   if (url.host.empty()) return bad("the host is empty");
   url.port = default_port(url.scheme);
   if (std::string_view port_text = u.port(); !port_text.empty()) {
@@ -273,7 +260,7 @@ bool no_proxy_entry_matches(std::string_view entry, const std::string& host, std
   std::optional<std::uint16_t> entry_port;
   if (!split_host_port(entry, name, entry_port)) return false;
   if (entry_port && *entry_port != port) return false;
-  name = to_lower(name);
+  name = util::ascii_lower(name);
   while (!name.empty() && name.back() == '.') name.pop_back();
 
   error_code hec;
@@ -320,7 +307,7 @@ Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_vi
   std::string scheme = "http";
   std::string_view rest = text;
   if (auto sep = text.find("://"); sep != std::string_view::npos) {
-    scheme = to_lower(text.substr(0, sep));
+    scheme = util::ascii_lower(text.substr(0, sep));
     rest = text.substr(sep + 3);
   }
   // Whatever is shown of a bad setting leaves out everything up to the last '@': credentials
@@ -351,7 +338,7 @@ Result<ProxyEndpoint> ProxyEndpoint::parse(std::string_view text, std::string_vi
   if (p.host.empty()) return bad("the host is empty");
   for (unsigned char c : p.host)
     if (c <= 0x20 || c == 0x7f || c == '?' || c == '#') return bad("the host contains a bad character");
-  p.host = to_lower(p.host);
+  p.host = util::ascii_lower(p.host);
   if (port) p.port = *port;
   return p;
 }
@@ -369,7 +356,7 @@ std::string ProxyEndpoint::authorization() const {
 }
 
 bool bypasses_proxy(std::string_view no_proxy, const Url& url) {
-  std::string host = to_lower(url.host);
+  std::string host = util::ascii_lower(url.host);
   while (!host.empty() && host.back() == '.') host.pop_back();
   std::size_t pos = 0;
   while (pos <= no_proxy.size()) {

@@ -12,14 +12,6 @@
 namespace modeld::util {
 namespace {
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
-  return true;
-}
-
 // Reads a non-negative decimal number (digits with an optional fraction) from the front of s.
 std::optional<double> take_number(std::string_view& s) {
   std::size_t i = 0;

@@ -51,9 +51,21 @@ std::string rfc3339(std::chrono::system_clock::time_point t) { return utc_format
 
 std::string compact_utc_stamp(std::chrono::system_clock::time_point t) { return utc_format(t, "%Y%m%dT%H%M%SZ"); }
 
-std::string ascii_lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+namespace {
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+}  // namespace
+
+std::string ascii_lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = lower(c);
+  return out;
+}
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
 }
 
 std::string_view trim(std::string_view s) {

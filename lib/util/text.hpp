@@ -11,8 +11,11 @@
 
 namespace modeld::util {
 
-/// `s` with ASCII letters lower-cased (hex digests compare case-insensitively).
-std::string ascii_lower(std::string s);
+/// `s` with ASCII letters lower-cased (hex digests, URL schemes and hosts, header names).
+std::string ascii_lower(std::string_view s);
+
+/// Whether `a` and `b` are equal but for the case of ASCII letters (header names, units).
+bool iequals(std::string_view a, std::string_view b) noexcept;
 
 /// `s` without leading and trailing white space (isspace in the C locale).
 std::string_view trim(std::string_view s);
