@@ -54,8 +54,6 @@ std::string excerpt(std::string_view text, std::size_t limit = 200) {
   return out;
 }
 
-std::string seconds(std::chrono::milliseconds d) { return util::format_seconds(d); }
-
 Result<http::Request> make_request(const Target& t, std::string method, const std::string& path, std::string body = {}) {
   std::string host = t.host.find(':') != std::string::npos ? "[" + t.host + "]" : t.host;
   auto url = http::Url::parse(fmt::format("http://{}:{}{}", host, t.port, path));
@@ -368,7 +366,7 @@ awaitable<Error> ReadyWait::dead(const units::UnitStatus& s) {
   co_return make_error(Errc::unit_failed,
                        fmt::format("{} {} while starting after {} (result {}, exit status {}){}", unit_,
                                    s.active_state == units::ActiveState::failed ? "failed" : "stopped",
-                                   seconds(since(start_)), s.result.empty() ? "unknown" : s.result,
+                                   util::format_seconds(since(start_)), s.result.empty() ? "unknown" : s.result,
                                    s.exec_main_status, said));
 }
 
@@ -386,7 +384,7 @@ awaitable<std::optional<Result<void>>> ReadyWait::probe_running(const units::Uni
   passed(Step::port, fmt::format("port {} accepts connections", target_.port));
   auto probe = co_await probe_steps(client_, target_, [this](Step step, const std::string& text) { passed(step, text); });
   if (probe) {
-    passed(Step::ready, fmt::format("{} is ready after {}", unit_, seconds(since(start_))));
+    passed(Step::ready, fmt::format("{} is ready after {}", unit_, util::format_seconds(since(start_))));
     co_return Result<void>{};
   }
   if (probe.error().code == Errc::cancelled) co_return Result<void>(probe.error());
@@ -407,12 +405,13 @@ std::optional<Error> ReadyWait::hung_or_late(bool alive, std::uint32_t main_pid)
                       fmt::format("{} is hung: its main process {} is alive but has been silent for {} (no journal "
                                   "line, no HTTP answer; stall_timeout {}), not ready after {}; last step reached: {}; "
                                   "last answer: {}; last server line: '{}'",
-                                  unit_, main_pid, seconds(silent), seconds(options_.stall_timeout),
-                                  seconds(since(start_)), reached_name(), last_answer_, line.empty() ? "none" : line));
+                                  unit_, main_pid, util::format_seconds(silent),
+                                  util::format_seconds(options_.stall_timeout), util::format_seconds(since(start_)),
+                                  reached_name(), last_answer_, line.empty() ? "none" : line));
   if (now >= deadline_)
     return make_error(Errc::readiness_timeout,
                       fmt::format("{} was not ready within {}; last step reached: {}; last answer: {}{}", unit_,
-                                  seconds(options_.timeout), reached_name(), last_answer_,
+                                  util::format_seconds(options_.timeout), reached_name(), last_answer_,
                                   line.empty() ? std::string() : fmt::format("; last server line: '{}'", line)));
   if (now >= next_progress_) {
     next_progress_ = now + options_.progress_every;

@@ -767,14 +767,10 @@ class Core : public std::enable_shared_from_this<Core> {
       u.kill_timer.reset();
       if (!u.pgid || (!u.main_running && !group_alive(u.pgid))) return;
       sys::logf(sys::Level::warning, "{}: still running {} after SIGTERM: sending SIGKILL to its process group {}",
-                name, describe(u.stop_timeout), u.pgid);
+                name, util::format_seconds(u.stop_timeout), u.pgid);
       u.killed = true;
       ::kill(-u.pgid, SIGKILL);
     });
-  }
-
-  static std::string describe(std::chrono::milliseconds d) {
-    return util::format_seconds(d);
   }
 
   Result<void> watch(const std::string& name, Unit& u) {
