@@ -89,6 +89,7 @@ std::string_view phase_verb(Phase p) {
     case Phase::freeing_disk: return "freeing disk for";
     case Phase::downloading: return "downloading";
     case Phase::verifying: return "verifying";
+    case Phase::warming: return "warming the page cache for";
     case Phase::stopping_old: return "stopping the old model for";
     case Phase::launching: return "launching";
     case Phase::health_checking: return "waiting for readiness of";

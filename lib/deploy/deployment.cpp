@@ -9,11 +9,12 @@
 namespace modeld::deploy {
 namespace {
 
-constexpr util::NameTable<Phase, 9> kPhases{{
+constexpr util::NameTable<Phase, 10> kPhases{{
     {Phase::planning, "planning"},
     {Phase::freeing_disk, "freeing_disk"},
     {Phase::downloading, "downloading"},
     {Phase::verifying, "verifying"},
+    {Phase::warming, "warming"},
     {Phase::stopping_old, "stopping_old"},
     {Phase::launching, "launching"},
     {Phase::health_checking, "health_checking"},
@@ -29,9 +30,14 @@ constexpr util::NameTable<State, 5> kStates{{
     {State::rolled_back, "rolled_back"},
 }};
 
+constexpr util::NameTable<Kind, 1> kKinds{{
+    {Kind::deploy, "deploy"},
+}};
 
 }  // namespace
 
+std::string_view to_string(Kind k) noexcept { return util::name_in(kKinds, k).value_or("unknown"); }
+std::optional<Kind> kind_from_string(std::string_view s) noexcept { return util::value_in(kKinds, s); }
 std::string_view to_string(Phase p) noexcept { return util::name_in(kPhases, p).value_or("unknown"); }
 std::string_view to_string(State s) noexcept { return util::name_in(kStates, s).value_or("unknown"); }
 std::optional<Phase> phase_from_string(std::string_view s) noexcept { return util::value_in(kPhases, s); }
@@ -55,6 +61,40 @@ nlohmann::json files_json(const std::vector<FileProgress>& files) {
   return out;
 }
 
+nlohmann::json warm_json(const std::optional<WarmReport>& w) {
+  if (!w) return nullptr;
+  return {{"bytes_total", w->bytes_total},
+          {"bytes_resident_before", w->bytes_resident_before},
+          {"bytes_warmed", w->bytes_warmed},
+          {"bytes_resident_at_launch", util::or_null(w->bytes_resident_at_launch)}};
+}
+
+nlohmann::json switch_json(const std::optional<SwitchReport>& s) {
+  if (!s) return nullptr;
+  return {{"downtime_s", s->downtime_s},
+          {"stop_s", s->stop_s},
+          {"launch_s", s->launch_s},
+          {"start_to_port_s", s->start_to_port_s},
+          {"port_to_ready_s", s->port_to_ready_s}};
+}
+
+std::optional<WarmReport> warm_from_json(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  WarmReport w;
+  w.bytes_total = j.at("bytes_total").get<std::uint64_t>();
+  w.bytes_resident_before = j.at("bytes_resident_before").get<std::uint64_t>();
+  w.bytes_warmed = j.at("bytes_warmed").get<std::uint64_t>();
+  if (!j.at("bytes_resident_at_launch").is_null())
+    w.bytes_resident_at_launch = j["bytes_resident_at_launch"].get<std::uint64_t>();
+  return w;
+}
+
+std::optional<SwitchReport> switch_from_json(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return SwitchReport{j.at("downtime_s").get<double>(), j.at("stop_s").get<double>(), j.at("launch_s").get<double>(),
+                      j.at("start_to_port_s").get<double>(), j.at("port_to_ready_s").get<double>()};
+}
+
 }  // namespace
 
 nlohmann::json to_json(const Progress& p) {
@@ -70,9 +110,11 @@ nlohmann::json to_json(const Progress& p) {
 nlohmann::json to_json(const Deployment& d, bool internal) {
   nlohmann::json j{
       {"id", d.id},
+      {"kind", std::string(to_string(d.kind))},
       {"model", d.model},
       {"commit", util::or_null(d.commit)},
       {"allow_downtime", d.allow_downtime},
+      {"changed", d.changed},
       {"phase", std::string(to_string(d.phase))},
       {"state", std::string(to_string(d.state))},
       {"progress", to_json(d.progress)},
@@ -83,6 +125,8 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
                                                         {"decode_tokens_per_s",
                                                          d.benchmark_decode_tokens_per_s.value_or(0)}}
                                        : nlohmann::json(nullptr)},
+      {"warm", warm_json(d.warm)},
+      {"switch", switch_json(d.switch_report)},
   };
   if (internal) {
     j["previous_model"] = util::or_null(d.previous_model);
@@ -90,7 +134,6 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["old_stopped"] = d.old_stopped;
     j["downtime_first"] = d.downtime_first;
     j["cancel_requested"] = d.cancel_requested;
-    j["kind"] = "deploy";
     j["cleanup_begun"] = d.cleanup_begun;
     j["started_ns"] = d.started_ns;
   }
@@ -104,6 +147,7 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.model = j.at("model").get<std::string>();
     if (!j.at("commit").is_null()) d.commit = j.at("commit").get<std::string>();
     d.allow_downtime = j.value("allow_downtime", false);
+    d.changed = j.value("changed", true);
     auto phase = phase_from_string(j.at("phase").get<std::string>());
     auto state = state_from_string(j.at("state").get<std::string>());
     if (!phase || !state) return make_error(Errc::bad_request, "deployment record: unknown phase or state");
@@ -132,8 +176,11 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.old_stopped = j.value("old_stopped", false);
     d.downtime_first = j.value("downtime_first", false);
     d.cancel_requested = j.value("cancel_requested", false);
-    if (j.value("kind", std::string("deploy")) != "deploy")
-      return make_error(Errc::bad_request, "deployment record: unknown kind " + j["kind"].dump());
+    auto kind = kind_from_string(j.value("kind", std::string("deploy")));
+    if (!kind) return make_error(Errc::bad_request, "deployment record: unknown kind " + j["kind"].dump());
+    d.kind = *kind;
+    if (j.contains("warm")) d.warm = warm_from_json(j["warm"]);
+    if (j.contains("switch")) d.switch_report = switch_from_json(j["switch"]);
     d.cleanup_begun = j.value("cleanup_begun", false);
     d.started_ns = j.value("started_ns", std::int64_t{0});
     return d;

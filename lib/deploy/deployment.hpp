@@ -16,12 +16,12 @@ namespace modeld::deploy {
 
 /// Phases in the order they run (interface.md "Deployment phases and states").
 enum class Phase {
-  planning, freeing_disk, downloading, verifying, stopping_old, launching, health_checking,
+  planning, freeing_disk, downloading, verifying, warming, stopping_old, launching, health_checking,
   benchmarking, rolling_back
 };
 
-/// What a deployment does: today only `deploy` (a model put into service); `pull` and `stop`
-/// follow. Persisted as the internal field "kind"; a record without it is a deploy.
+/// What a deployment does: `deploy` (a model put into service). The API's "kind"; a record
+/// written without it is a deploy.
 enum class Kind { deploy };
 
 /// States: running, then exactly one terminal state.
@@ -33,6 +33,8 @@ std::string_view to_string(State s) noexcept;
 /// Parses a name from to_string(); nullopt when unknown.
 std::optional<Phase> phase_from_string(std::string_view s) noexcept;
 std::optional<State> state_from_string(std::string_view s) noexcept;
+std::string_view to_string(Kind k) noexcept;
+std::optional<Kind> kind_from_string(std::string_view s) noexcept;
 
 /// Progress of one file in flight, as the API reports it ("progress.files").
 struct FileProgress {
@@ -55,6 +57,26 @@ struct Progress {
   std::vector<FileProgress> files;  ///< files in flight (downloading only; not persisted)
 };
 
+/// What warming found and did, in bytes (interface.md "DEPLOYMENT.warm"): the checkpoint's
+/// size, what was in the page cache before, what warming read, what was resident at launch.
+struct WarmReport {
+  std::uint64_t bytes_total = 0;
+  std::uint64_t bytes_resident_before = 0;
+  std::uint64_t bytes_warmed = 0;
+  std::optional<std::uint64_t> bytes_resident_at_launch;  ///< null until launching measured it
+};
+
+/// The outage of a switch in seconds (interface.md "DEPLOYMENT.switch"): from the request to
+/// stop the old service (or the start of the new one, with nothing serving) until the new one
+/// is ready, and its parts.
+struct SwitchReport {
+  double downtime_s = 0;
+  double stop_s = 0;           ///< StopUnit until nothing of the old service is left
+  double launch_s = 0;         ///< between the stop and StartUnit (checks, link, drop-in, reload)
+  double start_to_port_s = 0;  ///< StartUnit until the port listens
+  double port_to_ready_s = 0;  ///< the port listens until the first token (or passing probe)
+};
+
 /// One deployment, running or ended.
 struct Deployment {
   std::string id;                     ///< "20261129T193942Z-kimi-k2-5", unique, sortable by start
@@ -62,6 +84,9 @@ struct Deployment {
   std::string model;
   std::optional<std::string> commit;  ///< null until planned
   bool allow_downtime = false;
+  /// Whether the deployment changed what serves or what is on disk; false for a no-op (the
+  /// model already serves at that commit with the same settings).
+  bool changed = true;
   Phase phase = Phase::planning;
   State state = State::running;
   Progress progress;
@@ -70,6 +95,8 @@ struct Deployment {
   std::optional<std::string> finished_at;
   std::optional<double> benchmark_ttft_s;
   std::optional<double> benchmark_decode_tokens_per_s;
+  std::optional<WarmReport> warm;            ///< null until warming ran
+  std::optional<SwitchReport> switch_report;  ///< the API's "switch": null until the new service was ready
   // Internal bookkeeping that lets a restarted daemon continue or roll back (also persisted).
   std::optional<std::string> previous_model;   ///< the model that served when it started
   std::optional<std::string> previous_commit;

@@ -97,7 +97,7 @@ TEST_CASE("the files in flight appear under progress.files with their own rate a
   CHECK(j["progress"]["files"][1]["eta_s"].is_null());
 }
 
-TEST_CASE("a record keeps its kind and whether its cleanup began, and one without them is a deploy not cleaning up") {
+TEST_CASE("a record keeps its kind, shown in the API, and whether its cleanup began, and one without them is a deploy not cleaning up") {
   Deployment d;
   d.id = "x";
   d.model = "m";
@@ -105,7 +105,8 @@ TEST_CASE("a record keeps its kind and whether its cleanup began, and one withou
   d.cleanup_begun = true;
   auto j = to_json(d, true);
   CHECK(j["kind"] == "deploy");
-  CHECK_FALSE(to_json(d).contains("kind"));  // internal: not in the API's DEPLOYMENT
+  CHECK(to_json(d)["kind"] == "deploy");  // the API's DEPLOYMENT names it (issue 15: pull records)
+  CHECK_FALSE(to_json(d).contains("cleanup_begun"));  // internal
   auto back = deployment_from_json(j);
   REQUIRE(back.has_value());
   CHECK(back->kind == Kind::deploy);
@@ -118,4 +119,36 @@ TEST_CASE("a record keeps its kind and whether its cleanup began, and one withou
   CHECK_FALSE(old->cleanup_begun);
   j["kind"] = "teleport";
   CHECK_FALSE(deployment_from_json(j).has_value());
+}
+
+TEST_CASE("a record keeps whether it changed anything, its warming and its switch, and older records read as changed with neither") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.changed = false;
+  d.warm = WarmReport{100, 40, 60, std::nullopt};
+  d.switch_report = SwitchReport{12.5, 4, 1, 2.5, 5};
+  auto j = to_json(d);
+  CHECK(j["changed"] == false);
+  CHECK(j["warm"]["bytes_warmed"] == 60);
+  CHECK(j["warm"]["bytes_resident_at_launch"].is_null());
+  CHECK(j["switch"]["downtime_s"] == 12.5);
+  auto back = deployment_from_json(to_json(d, true));
+  REQUIRE(back.has_value());
+  CHECK_FALSE(back->changed);
+  REQUIRE(back->warm);
+  CHECK(back->warm->bytes_resident_before == 40);
+  CHECK_FALSE(back->warm->bytes_resident_at_launch);
+  REQUIRE(back->switch_report);
+  CHECK(back->switch_report->port_to_ready_s == 5);
+  auto old = to_json(d, true);
+  old.erase("changed");
+  old.erase("warm");
+  old.erase("switch");
+  auto older = deployment_from_json(old);
+  REQUIRE(older.has_value());
+  CHECK(older->changed);
+  CHECK_FALSE(older->warm);
+  CHECK_FALSE(older->switch_report);
 }
