@@ -27,6 +27,8 @@ using nlohmann::json;
 // The history GET /v1/deployments returns without ?limit=, and the most it returns with one.
 constexpr std::size_t default_history_limit = 100;
 constexpr std::size_t max_history_limit = 10000;
+// The fields of POST /v1/deployments, named in the error for an unknown one.
+constexpr const char* kDeployFields = "model, allow_downtime";
 
 Response json_response(unsigned status, const json& body) {
   Response r;
@@ -136,9 +138,31 @@ Response too_many(const Request& req, std::string_view path, const Peer& peer, H
   return r;
 }
 
+// Reads a boolean field of a request body into `out`; bad_request naming the field otherwise.
+Result<void> read_bool_field(const std::string& key, const json& value, bool& out) {
+  if (!value.is_boolean())
+    return make_error(Errc::bad_request,
+                      fmt::format("field \"{}\" must be true or false, not {}", key, value.type_name()));
+  out = value.get<bool>();
+  return {};
+}
+
+// Reads one field of a deployment request into `r`; bad_request for an unknown field or a wrong type.
+Result<void> read_deploy_field(const std::string& key, const json& value, deploy::DeployRequest& r) {
+  if (key == "model") {
+    if (!value.is_string())
+      return make_error(Errc::bad_request,
+                        fmt::format("field \"model\" must be a string, not {}", value.type_name()));
+    r.model = value.get<std::string>();
+    return {};
+  }
+  if (key == "allow_downtime") return read_bool_field(key, value, r.allow_downtime);
+  return make_error(Errc::bad_request, fmt::format("unknown field \"{}\" (known: {})", key, kDeployFields));
+}
+
 // Validates {"model": NAME, "allow_downtime": bool} strictly: a typo in a field name must not
 // silently start a deployment with defaults.
-Result<std::pair<std::string, bool>> parse_deploy_body(const std::string& body) {
+Result<deploy::DeployRequest> parse_deploy_body(const std::string& body) {
   if (body.empty())
     return make_error(Errc::bad_request,
                       R"(request body is empty; expected {"model": NAME, "allow_downtime": false})");
@@ -152,27 +176,14 @@ Result<std::pair<std::string, bool>> parse_deploy_body(const std::string& body) 
   if (!j.is_object())
     return make_error(Errc::bad_request, fmt::format("request body must be a JSON object, not {}",
                                                      j.type_name()));
-  std::optional<std::string> model;
-  bool allow_downtime = false;
+  deploy::DeployRequest r;
+  bool has_model = false;
   for (const auto& [key, value] : j.items()) {
-    if (key == "model") {
-      if (!value.is_string())
-        return make_error(Errc::bad_request,
-                          fmt::format("field \"model\" must be a string, not {}", value.type_name()));
-      model = value.get<std::string>();
-    } else if (key == "allow_downtime") {
-      if (!value.is_boolean())
-        return make_error(Errc::bad_request,
-                          fmt::format("field \"allow_downtime\" must be true or false, not {}",
-                                      value.type_name()));
-      allow_downtime = value.get<bool>();
-    } else {
-      return make_error(Errc::bad_request,
-                        fmt::format("unknown field \"{}\" (known: model, allow_downtime)", key));
-    }
+    if (auto ok = read_deploy_field(key, value, r); !ok) return ok.error();
+    has_model = has_model || key == "model";
   }
-  if (!model) return make_error(Errc::bad_request, "field \"model\" is missing");
-  return std::pair{std::move(*model), allow_downtime};
+  if (!has_model) return make_error(Errc::bad_request, "field \"model\" is missing");
+  return r;
 }
 
 Response get_status(deploy::Engine& engine) {
@@ -210,7 +221,7 @@ Response list_deployments(std::string_view query, deploy::Engine& engine) {
 Response start_deployment(const Request& req, deploy::Engine& engine) {
   auto body = parse_deploy_body(req.body);
   if (!body) return error_for(body.error());
-  auto d = engine.start(body->first, body->second);
+  auto d = engine.start(*body);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }

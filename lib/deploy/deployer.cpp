@@ -351,7 +351,8 @@ std::string Deployer::new_id(const std::string& model, std::chrono::system_clock
   return id;
 }
 
-Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime) {
+Result<Deployment> Deployer::start(const DeployRequest& request) {
+  const std::string& model = request.model;
   if (!services_.config->find_model(model))
     return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
   if (running_)
@@ -370,7 +371,7 @@ Result<Deployment> Deployer::start(const std::string& model, bool allow_downtime
   const auto now = std::chrono::system_clock::now();
   d.id = new_id(model, now);
   d.model = model;
-  d.allow_downtime = allow_downtime;
+  d.allow_downtime = request.allow_downtime;
   d.started_at = util::rfc3339(now);
   d.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   if (state_.active) {

@@ -80,7 +80,7 @@ class Deployer final : public Engine {
   std::optional<Deployment> current() const override;
   std::vector<Deployment> history(std::size_t limit) const override;
   Result<Deployment> get(const std::string& id) const override;
-  Result<Deployment> start(const std::string& model, bool allow_downtime) override;
+  Result<Deployment> start(const DeployRequest& request) override;
   Result<Deployment> cancel(const std::string& id) override;
   /// Walks the store on a pool of its own (one thread, never the disk pool, so a long deletion
   /// there cannot delay it; concurrent calls share one walk), then fills in the configuration and

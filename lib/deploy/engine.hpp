@@ -147,6 +147,12 @@ Event deployment_event(EventKind kind, const Deployment& d);
 /// event gives {model, watchdog} (the record as GET /v1/status's "watchdog" has it, never sent).
 nlohmann::json event_json(const Event& e);
 
+/// What `POST /v1/deployments` asks for (interface.md "Control API").
+struct DeployRequest {
+  std::string model;
+  bool allow_downtime = false;
+};
+
 /// What the control plane may ask of the deployment engine. All calls happen on the
 /// io_context thread.
 class Engine {
@@ -160,8 +166,8 @@ class Engine {
   virtual std::vector<Deployment> history(std::size_t limit) const = 0;
   /// One deployment by id; not_found when unknown.
   virtual Result<Deployment> get(const std::string& id) const = 0;
-  /// Starts a deployment of `model`; unknown_model, deployment_running.
-  virtual Result<Deployment> start(const std::string& model, bool allow_downtime) = 0;
+  /// Starts a deployment as `request` asks; unknown_model, deployment_running.
+  virtual Result<Deployment> start(const DeployRequest& request) = 0;
   /// Requests cancellation; not_found, deployment_ended.
   virtual Result<Deployment> cancel(const std::string& id) = 0;
   /// Configured models with their on-disk state; the store walk runs off the event loop (an

@@ -71,7 +71,9 @@ class FakeEngine : public deploy::Engine {
       if (d.id == id) return d;
     return make_error(Errc::not_found, "no deployment " + id);
   }
-  Result<deploy::Deployment> start(const std::string& model, bool allow_downtime) override {
+  Result<deploy::Deployment> start(const deploy::DeployRequest& request) override {
+    const auto& model = request.model;
+    const bool allow_downtime = request.allow_downtime;
     ++starts;
     if (!known.count(model)) return make_error(Errc::unknown_model, "no model named " + model);
     if (!deployments.empty() && !deployments.front().ended())

@@ -291,7 +291,7 @@ struct Fixture {
   }
 
   deploy::Deployment deploy(const std::string& model, bool allow_downtime = false) {
-    auto d = deployer->start(model, allow_downtime);
+    auto d = deployer->start({model, allow_downtime});
     INFO((d ? std::string("started") : d.error().message));
     REQUIRE(d.has_value());
     return *d;
@@ -418,7 +418,7 @@ TEST_CASE("a deploy while another deployment runs is refused as deployment_runni
   auto d = fx.deploy("new");
   REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
   for (const char* model : {"new", "old"}) {
-    auto again = fx.deployer->start(model, false);
+    auto again = fx.deployer->start({model, false});
     REQUIRE_FALSE(again);
     CHECK(modeld::to_string(again.error().code) == std::string_view("deployment_running"));
     CHECK(again.error().message == fmt::format("deployment {} of new is running (phase downloading)", d.id));
@@ -517,7 +517,7 @@ TEST_CASE("a deploy, a verify or an rm during a verify or an rm of a model is re
   bool done = false, ok = false;
   start_on_blocked_pool(fx, what, model, done, ok);
   const std::string busy = fmt::format("a {} of model {} is in progress", what, model);
-  auto d = fx.deployer->start("new", false);
+  auto d = fx.deployer->start({"new", false});
   REQUIRE_FALSE(d);
   CHECK(modeld::to_string(d.error().code) == std::string_view("deployment_running"));
   CHECK(d.error().message == busy + "; deploy when it has ended");
@@ -540,7 +540,7 @@ TEST_CASE("after a restart a deploy is refused until the interrupted deployment 
   fx.leave_crashed_in(Phase::downloading);
   fx.load();
   for (const char* model : {"new", "old"}) {
-    auto d = fx.deployer->start(model, false);
+    auto d = fx.deployer->start({model, false});
     REQUIRE_FALSE(d);
     CHECK(modeld::to_string(d.error().code) == std::string_view("deployment_running"));
     CHECK(d.error().message ==
@@ -549,7 +549,7 @@ TEST_CASE("after a restart a deploy is refused until the interrupted deployment 
   bool recovered = false;
   asio::co_spawn(fx.ioc, fx.deployer->recover(), [&](std::exception_ptr) { recovered = true; });
   REQUIRE(fx.run_until([&] { return recovered; }));
-  auto again = fx.deployer->start("old", false);
+  auto again = fx.deployer->start({"old", false});
   REQUIRE_FALSE(again);
   CHECK_THAT(again.error().message, Catch::StartsWith(fmt::format("deployment {} of new is running (phase ", kRecordId)));
   check_new_serves(fx, fx.wait_end(kRecordId));
@@ -864,7 +864,7 @@ TEST_CASE("an emit of the daemon's cancellation tree ends the watch and the depl
   REQUIRE(it != records.end());
   CHECK(it->state == State::running);
   CHECK(it->phase == Phase::downloading);
-  CHECK_FALSE(fx.deployer->start("old", false));  // no new work once stopping
+  CHECK_FALSE(fx.deployer->start({"old", false}));  // no new work once stopping
 }
 
 TEST_CASE("a deployment interrupted in its cleanup finishes the cleanup after a restart and succeeds") {
