@@ -67,7 +67,7 @@ def start_record(socket_path: Path, path: str, body: dict, what: str) -> dict:
     status, answer = api(socket_path, "POST", path, body)
     if status in (404, 405) and "unknown_model" not in json.dumps(answer):
         raise SwitchError(f"{what}: modeld answered {status} to POST {path}: this build lacks it ({answer})")
-    if status != 202:
+    if status not in (200, 202):
         raise SwitchError(f"{what}: POST {path} {json.dumps(body)} answered {status}: {answer}")
     return answer
 
@@ -266,6 +266,18 @@ def collect(setup: Setup, record: dict, events: list, result: dict) -> dict:
                    "warm": record.get("warm"), "phases": phases, "warm_s": phases.get("warming"),
                    "load_s": setup.load_time(result["model"])})
     return result
+
+
+def start_env(env, tables: str) -> None:
+    """env.start(tables) (a modeld_env.ProcessModeld), its failure turned into a SwitchError that
+    says when the build does not know serve.warm."""
+    try:
+        env.start(tables)
+    except RuntimeError as e:
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        hint = (" (this build does not know serve.warm: issue 15's warming is not in it; --plain runs without it)"
+                if "unknown key 'warm'" in str(e) else "")
+        raise SwitchError(f"modeld did not start: {lines[-1] if lines else e}{hint}") from None
 
 
 def measure(setup: Setup, models: tuple[str, str], settings: list[str], runs: int, use_setting) -> dict[str, list[dict]]:

@@ -123,20 +123,21 @@ def run(args: argparse.Namespace) -> dict:
     if not args.reuse:
         make_checkpoints(env.repos, args.size_gb)
     settings = ["plain"] if args.plain else args.settings.split(",")
+
+    def use_setting(setting: str) -> None:
+        if args.plain:
+            return
+        env.write_config(model_tables(work, setting))
+        env.stop_modeld()
+        env.start_modeld()
+
     with env:
-        env.start(model_tables(work, None if args.plain else settings[0]))
-        setup = switchlib.Setup(socket=env.socket, models_dir=env.models_dir, port=PORT,
-                                load_time=load_time(work), plain=args.plain, timeout=args.timeout)
-        print(f"GPU baseline (NVML used): {setup.gpu.baseline and setup.gpu.baseline / 2**20:.0f} MiB", flush=True)
-
-        def use_setting(setting: str) -> None:
-            if args.plain:
-                return
-            env.write_config(model_tables(work, setting))
-            env.stop_modeld()
-            env.start_modeld()
-
         try:
+            switchlib.start_env(env, model_tables(work, None if args.plain else settings[0]))
+            setup = switchlib.Setup(socket=env.socket, models_dir=env.models_dir, port=PORT,
+                                    load_time=load_time(work), plain=args.plain, timeout=args.timeout)
+            print(f"GPU baseline (NVML used): {setup.gpu.baseline and setup.gpu.baseline / 2**20:.0f} MiB",
+                  flush=True)
             by_setting = switchlib.measure(setup, MODELS, settings, args.runs, use_setting)
         except (switchlib.SwitchError, TimeoutError) as e:
             print(env.log()[-4000:], file=sys.stderr)
