@@ -354,5 +354,5 @@ def print_table(by_setting: dict[str, list[dict]], baseline: str = "off") -> dic
                 continue
             base = medians[baseline]
             ratios[setting] = {h: (m[h] / base[h] if m[h] is not None and base[h] else None) for h, _, _ in COLUMNS[:7]}
-            print(f"{setting:<6}       " + "  ".join(f"{h}={spread([v], '{:.2f}')}" for h, v in ratios[setting].items()))
+            print(f"{setting:<6}       " + "  ".join(f"{h}={'-' if v is None else f'{v:.2f}'}" for h, v in ratios[setting].items()))
     return {"medians": medians, "ratios": ratios}
