@@ -44,5 +44,5 @@ fi
 cat <<'EOF'
 run it on the device machine (from the repository root; see tests/device/README.md):
   run(carry=["build-gpu"], timeout_s=600,
-      command="PYTHONUNBUFFERED=1 python3 tests/device/switch_gpu.py --bundle build-gpu --runs 3 2>&1 | tee $OUT/switch_gpu.log")
+      command="PYTHONUNBUFFERED=1 python3 tests/device/switch_gpu.py --bundle build-gpu --runs 3 2>&1 | grep -av 'it/s]' | tee $OUT/switch_gpu.log")
 EOF
