@@ -916,6 +916,19 @@ TEST_CASE("a deployment records what warming found and what was resident at laun
   CHECK(hist.front().warm->bytes_resident_at_launch == end.warm->bytes_resident_at_launch);
 }
 
+TEST_CASE("with serve.warm off, warming reads nothing and launching still measures the page cache") {
+  Fixture fx;
+  fx.cfg->models["new"].serve.warm = "off";
+  fx.boot();
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  check_new_serves(fx, end);
+  REQUIRE(end.warm);
+  CHECK(end.warm->bytes_total == 0);
+  CHECK(end.warm->bytes_warmed == 0);
+  CHECK(end.warm->bytes_resident_at_launch.has_value());
+}
+
 TEST_CASE("warming reads the index's shards first, sorted as loaders read them, then the rest") {
   const std::vector<std::string> paths{"tokenizer.json", "b-2.safetensors", "config.json", "b-1.safetensors",
                                        "extra.safetensors", "model.safetensors.index.json"};
