@@ -335,6 +335,13 @@ std::string plan_text(const json& p, const Style& style) {
   if (!p.value("fits", false) && p.value("fits_with_allow_downtime", false))
     out += fmt::format("  Hint:       fits with --allow-downtime, which evicts the active model {} (no rollback then)\n",
                        str(p, "active_model", ""));
+  const std::string warming = str(p, "warming", "");
+  if (warming == "in_outage")
+    out += "  Warming:    after the active model stops (it is evicted): adds to the outage\n";
+  else if (warming == "off")
+    out += "  Warming:    off for this model\n";
+  else if (!warming.empty())
+    out += "  Warming:    before the old model stops, while it serves\n";
   const std::string active = str(p, "active_model", "");
   if (active.empty())
     out += "  Rollback:   - (no model active)\n";

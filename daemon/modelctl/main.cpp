@@ -140,7 +140,7 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
       if (c.json) return !(e.kind == "state" && j.value("state", "running") != "running");
       if (e.kind == "phase") {
         out.line(fmt::format("phase: {}", modelctl::str(j, "phase", "?")));
-      } else if (e.kind == "progress") {
+      } else if (e.kind == "progress" && !j.contains("warm")) {  // the download's progress
         out.progress(j.value("progress", json()));
       } else if (e.kind == "state") {
         auto state = j.value("state", "running");

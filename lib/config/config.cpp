@@ -108,7 +108,7 @@ using Keys = std::span<const std::string_view>;
 constexpr std::string_view kTopKeys[] = {"daemon", "control", "hub", "metrics",
                                                               "models"};
 constexpr std::string_view kDaemonKeys[] = {"models_dir", "state_dir", "socket",
-                                                                 "unit_dir", "disk_reserve",
+                                                                 "unit_dir", "disk_reserve", "warm_reserve",
                                                                  "service_manager"};
 constexpr std::string_view kControlKeys[] = {"group"};
 constexpr std::string_view kHubKeys[] = {"endpoint", "token_file", "parallel_files",
@@ -118,7 +118,7 @@ constexpr std::string_view kMetricsKeys[] = {"listen", "max_connections", "per_a
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
 constexpr std::string_view kServeKeys[] = {
-    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_memory"};
+    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_memory", "warm"};
 constexpr std::string_view kHealthKeys[] = {
     "path", "models_path", "completion", "api_key_file", "stall_timeout", "watch_interval",
     "watch_failures"};
@@ -463,6 +463,8 @@ class Checker {
     read_path(t, "socket", "daemon.socket", out.socket, false);
     read_path(t, "unit_dir", "daemon.unit_dir", out.unit_dir, false);
     read_size(t, "disk_reserve", "daemon.disk_reserve", out.disk_reserve);
+    if (std::uint64_t reserve = 0; read_size(t, "warm_reserve", "daemon.warm_reserve", reserve))
+      out.warm_reserve = reserve;
     if (read(t, "service_manager", "daemon.service_manager", out.service_manager) &&
         out.service_manager != "systemd" && out.service_manager != "process")
       problem(t.get("service_manager")->source(),
@@ -565,6 +567,8 @@ class Checker {
     read_duration(t, "stop_timeout", prefix + ".stop_timeout", out.stop_timeout);
     read_int(t, "gpus", prefix + ".gpus", out.gpus, 0, 1024);
     read_size(t, "gpu_memory", prefix + ".gpu_memory", out.gpu_memory);
+    if (read(t, "warm", prefix + ".warm", out.warm) && out.warm != "auto" && out.warm != "off")
+      problem(t.get("warm")->source(), fmt::format("{}.warm must be \"auto\" or \"off\", got \"{}\"", prefix, out.warm));
   }
 
   void check_health(const toml::table& t, const std::string& prefix, const std::string& header, HealthConfig& out) {

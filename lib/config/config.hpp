@@ -21,6 +21,9 @@ struct DaemonConfig {
   std::filesystem::path socket = "/run/modeld/modeld.sock";
   std::filesystem::path unit_dir = "/run/systemd/system";
   std::uint64_t disk_reserve = 20ull << 30;  ///< bytes never to fill on the models_dir file system
+  /// Bytes of MemAvailable that warming leaves alone; nullopt (unset): max(8 GiB, 10% of
+  /// MemTotal), computed when warming runs (interface.md "Warming").
+  std::optional<std::uint64_t> warm_reserve;
   /// How model servers run: "systemd" (units over D-Bus) or "process" (children of modeld in
   /// their own process groups, for hosts without systemd as PID 1).
   std::string service_manager = "systemd";
@@ -79,6 +82,8 @@ struct ServeConfig {
   milliseconds stop_timeout = std::chrono::minutes(5);
   unsigned gpus = 0;               ///< GPUs the server takes (the first N NVML lists); 0: no GPU check
   std::uint64_t gpu_memory = 0;    ///< bytes that must be free on each of them before launch; 0: any
+  /// "auto": warming reads the checkpoint into the page cache before the switch; "off": it does not.
+  std::string warm = "auto";
 
   friend bool operator==(const ServeConfig&, const ServeConfig&) = default;
 };
@@ -184,7 +189,7 @@ struct FixedChange {
 /// token_file, ca_file, read_timeout, listing_timeout; metrics.*), sets it back to the value
 /// `running` has,
 /// and returns what differed, in that order. Models, hub.parallel_files, hub.max_bytes_per_s
-/// and daemon.disk_reserve are left as reloaded.
+/// and daemon.disk_reserve and warm_reserve are left as reloaded.
 std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded);
 
 /// Returns `model.serve.command` with {model_dir} (`model_dir`), {name}, {served_name} and {port}

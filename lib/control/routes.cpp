@@ -521,6 +521,7 @@ json plan_json(const deploy::PlanReport& p) {
               {"allow_downtime", p.allow_downtime},
               {"active_model", util::or_null(p.active_model)},
               {"rollback_possible", p.rollback_possible},
+              {"warming", p.warming},
               {"fits_with_allow_downtime", p.fits_with_allow_downtime}};
 }
 

@@ -63,6 +63,7 @@ class Deployer::RunDecisions final : public Decisions {
     co_await deployer_.persist_now(r_.record);
   }
   void progress(const fetch::Progress& p) override { deployer_.on_progress(r_, p); }
+  void warm_progress(const WarmReport& w) override { deployer_.on_warm_progress(r_, w); }
 
  private:
   Deployer& deployer_;
@@ -480,13 +481,21 @@ asio::awaitable<Result<void>> Deployer::run_step(Running& r, Step s) {
       auto body = run_verifying(sv, run);
       co_return co_await in_child(io_, slot, body, name);
     }
+    case Step::warming: {
+      auto body = run_warming(sv, run, decisions);
+      auto w = co_await in_child(io_, slot, body, name);
+      if (w) co_await apply_warm(r, w->report, std::nullopt);
+      co_return w ? Result<void>{} : Result<void>{w.error()};
+    }
     case Step::stopping_old: {
       auto body = run_stopping_old(sv, run, decisions);
       co_return co_await in_child(io_, slot, body, name);
     }
     case Step::launching: {
       auto body = run_launching(sv, run);
-      co_return co_await in_child(io_, slot, body, name);
+      auto l = co_await in_child(io_, slot, body, name);
+      if (l) co_await apply_warm(r, std::nullopt, l->bytes_resident_at_launch);
+      co_return l ? Result<void>{} : Result<void>{l.error()};
     }
     case Step::health_checking: {
       auto body = run_health_checking(sv, run);
@@ -529,6 +538,17 @@ asio::awaitable<void> Deployer::apply_planned(Running& r, Planned& p) {
   r.steps = plan_steps(d.kind, d.downtime_first);
   co_await persist_now(d);
   test_hooks::crash_point("order_decided");
+}
+
+asio::awaitable<void> Deployer::apply_warm(Running& r, const std::optional<WarmReport>& warmed,
+                                           std::optional<std::uint64_t> resident_at_launch) {
+  auto& d = r.record;
+  if (warmed) d.warm = warmed;
+  if (resident_at_launch) {
+    if (!d.warm) d.warm = WarmReport{};
+    d.warm->bytes_resident_at_launch = resident_at_launch;
+  }
+  if (warmed || resident_at_launch) co_await persist_now(d);
 }
 
 asio::awaitable<void> Deployer::apply_freed(Running& r, const Freed& freed) {
@@ -785,10 +805,24 @@ void Deployer::on_progress(Running& r, const fetch::Progress& p) {
   }
 }
 
+void Deployer::on_warm_progress(Running& r, const WarmReport& w) {
+  r.record.warm = w;
+  emit(EventKind::progress, r.record);
+  if (auto now = Clock::now(); now - r.last_status >= std::chrono::seconds(1)) {
+    r.last_status = now;
+    announce_status();
+  }
+}
+
 std::string Deployer::status_line() const {
   if (running_) {
     const auto& d = running_->record;
     std::string s = fmt::format("{} {}", phase_verb(d.phase), d.model);
+    if (d.phase == Phase::warming && d.warm && d.warm->bytes_total > 0) {
+      const auto in_cache = d.warm->bytes_resident_before + d.warm->bytes_warmed;
+      s += fmt::format(": {}% of {} in memory", std::min<std::uint64_t>(100, in_cache * 100 / d.warm->bytes_total),
+                       util::format_bytes(d.warm->bytes_total));
+    }
     if (d.phase == Phase::downloading && d.progress.bytes_total > 0) {
       const auto& p = d.progress;
       s += fmt::format(": {}% of {}", p.bytes_done * 100 / p.bytes_total, util::format_bytes(p.bytes_total));

@@ -117,6 +117,10 @@ class Deployer final : public Engine {
   boost::asio::awaitable<void> apply_freed(Running& r, const Freed& f);
   // The new model serves: recorded in the daemon's state (before cleanup and the benchmark).
   boost::asio::awaitable<void> apply_healthy(Running& r);
+  /// Warming's figures (`warmed`) or launching's measure of the page cache (`resident_at_launch`)
+  /// into record.warm, persisted.
+  boost::asio::awaitable<void> apply_warm(Running& r, const std::optional<WarmReport>& warmed,
+                                          std::optional<std::uint64_t> resident_at_launch);
   // After `failure`: ends the deployment and returns false, or returns true when it rolls back.
   boost::asio::awaitable<bool> must_roll_back(Running& r, const Error& failure);
   // rolling_back, not cancellable, then the end of the deployment.
@@ -154,6 +158,8 @@ class Deployer final : public Engine {
   // in service (a large download takes hours); run_steps() stops it first.
   static bool owns_service(const Running& r);
   void on_progress(Running& r, const struct fetch::Progress& p);
+  /// Warming's figures: record.warm, a progress event, STATUS= at most every second.
+  void on_warm_progress(Running& r, const WarmReport& w);
   std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
   // unknown_model when `model` is neither configured nor on disk (a stat on the disk pool).
   boost::asio::awaitable<std::optional<Error>> unknown_model(const std::string& model);

@@ -107,6 +107,8 @@ nlohmann::json to_json(const Progress& p) {
           {"files", files_json(p.files)}};
 }
 
+nlohmann::json to_json(const WarmReport& w) { return warm_json(w); }
+
 nlohmann::json to_json(const Deployment& d, bool internal) {
   nlohmann::json j{
       {"id", d.id},

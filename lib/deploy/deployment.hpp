@@ -119,6 +119,9 @@ struct Deployment {
 /// The API's "progress" object of a DEPLOYMENT.
 nlohmann::json to_json(const Progress& p);
 
+/// The API's "warm" object of a DEPLOYMENT (also in the warming phase's progress events).
+nlohmann::json to_json(const WarmReport& w);
+
 /// The API's DEPLOYMENT object (internal bookkeeping fields left out unless `internal`).
 nlohmann::json to_json(const Deployment& d, bool internal = false);
 

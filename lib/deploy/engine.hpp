@@ -71,6 +71,9 @@ struct PlanReport {
   bool allow_downtime = false;
   std::optional<std::string> active_model;  ///< the model in service when planned
   bool rollback_possible = true;      ///< false when the plan evicts the active model
+  /// When warming would run: "before_stop" (while the old model serves), "in_outage" (after
+  /// allow_downtime stopped the evicted active model: it adds to the outage) or "off" (serve.warm).
+  std::string warming = "before_stop";
   /// Without allow_downtime and not fitting: whether evicting the active model would make it fit.
   bool fits_with_allow_downtime = false;
 };
@@ -133,6 +136,7 @@ struct Event {
   State state = State::running;   ///< state events: the new state
   std::optional<Error> error;     ///< state events: why it failed, was cancelled or rolled back
   Progress progress;              ///< progress events: the download's progress
+  std::optional<WarmReport> warm;  ///< progress events of the warming phase: its figures
   std::optional<WatchdogStatus> watcher;  ///< watcher events: the model watcher's record now
 };
 
@@ -143,7 +147,8 @@ nlohmann::json to_json(const WatchdogStatus& w);
 Event deployment_event(EventKind kind, const Deployment& d);
 
 /// The SSE stream's data of a phase, progress or state event, as the contract fixes it:
-/// {id, model, phase}, {id, model, progress} or {id, model, state, phase, error}; a watcher
+/// {id, model, phase}, {id, model, progress} (plus "phase" and "warm" in the warming phase) or
+/// {id, model, state, phase, error}; a watcher
 /// event gives {model, watchdog} (the record as GET /v1/status's "watchdog" has it, never sent).
 nlohmann::json event_json(const Event& e);
 

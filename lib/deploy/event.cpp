@@ -39,6 +39,7 @@ Event deployment_event(EventKind kind, const Deployment& d) {
   e.state = d.state;
   e.error = d.error;
   if (kind == EventKind::progress) e.progress = d.progress;
+  if (kind == EventKind::progress && d.phase == Phase::warming) e.warm = d.warm;
   return e;
 }
 
@@ -53,6 +54,10 @@ nlohmann::json event_json(const Event& e) {
     j["error"] = e.error ? error_json(*e.error) : nlohmann::json(nullptr);
   }
   if (e.kind == EventKind::progress) j["progress"] = to_json(e.progress);
+  if (e.kind == EventKind::progress && e.phase == Phase::warming) {
+    j["phase"] = std::string(to_string(e.phase));
+    j["warm"] = e.warm ? to_json(*e.warm) : nlohmann::json(nullptr);
+  }
   return j;
 }
 

@@ -81,7 +81,7 @@ boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run
   co_return Result<void>{};
 }
 
-boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) {
+boost::asio::awaitable<Result<Launched>> run_launching(Services& s, const Run& run) {
   const auto unit = units::serve_unit(run.model.name);
   const auto& commit = *run.record.commit;
   // Stopping the old model may have taken minutes: a stat per file proves that nothing touched
@@ -105,9 +105,10 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) 
   if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "starting {} on port {} with {} -> {}", unit, run.model.serve.port,
             s.store.model_path(run.model.name).string(), commit.substr(0, 12));
+  Launched launched{co_await resident_at_launch(s, run)};
   // A unit left failed by an earlier attempt would refuse to start again.
   if (auto r = co_await units::reset_failed_and_start(s.units, unit); !r) co_return r.error();
-  co_return Result<void>{};
+  co_return launched;
 }
 
 }  // namespace modeld::deploy

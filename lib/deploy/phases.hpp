@@ -1,6 +1,6 @@
 #pragma once
 // The phases of a deployment, one file each (plan.cpp, free_disk.cpp, download.cpp, verify.cpp,
-// stop_old.cpp, launch.cpp, health_check.cpp for health_checking and benchmarking, cleanup.cpp,
+// warm.cpp, stop_old.cpp, launch.cpp, health_check.cpp for health_checking and benchmarking, cleanup.cpp,
 // rollback.cpp). A phase reads the deployment through a const Run, does its work and returns
 // what it decided or changed as a result value; the driver (Deployer) alone applies results to
 // the record and the daemon's state, persists them and tells listeners. A decision that must be
@@ -75,6 +75,8 @@ class Decisions {
   virtual boost::asio::awaitable<void> stopping_old() = 0;
   /// Download progress (an observer): called on the event loop; must not block.
   virtual void progress(const fetch::Progress& p) = 0;
+  /// Warming's figures so far (an observer): called on the event loop; must not block.
+  virtual void warm_progress(const WarmReport&) {}
 };
 
 /// What planning found: the commit's filtered listing, what is still missing, what adoption
@@ -103,6 +105,19 @@ struct Downloaded {
 struct Benchmarked {
   std::optional<double> ttft_s;               ///< first-token latency, seconds
   std::optional<double> decode_tokens_per_s;  ///< decode rate
+};
+
+/// What warming did: the figures for DEPLOYMENT.warm (nullopt with serve.warm = "off") and the
+/// journal's closing line ("warmed 410 GB of 547 GB: RAM budget ...").
+struct Warmed {
+  std::optional<WarmReport> report;
+  std::string note;
+};
+
+/// What launching measured: bytes of the new revision in the page cache right before the
+/// service was started (nullopt when it could not measure).
+struct Launched {
+  std::optional<std::uint64_t> bytes_resident_at_launch;
 };
 
 /// What cleanup removed.
@@ -202,8 +217,40 @@ boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run
 /// stop the active model's unit and wait until nothing of it is left.
 boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& run, Decisions& decisions);
 
-/// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, start.
-boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run);
+/// warming: with serve.warm = "auto", warm_revision of the run's revision, cancellable, its
+/// progress reported to `decisions`; with "off", one journal line and nothing else.
+boost::asio::awaitable<Result<Warmed>> run_warming(Services& s, const Run& run, Decisions& decisions);
+
+/// Warming's progress as the driver sees it (called on the event loop).
+using WarmProgressFn = std::function<void(const WarmReport&)>;
+
+/// Reads revision `commit` of `model` (its manifest's files: the safetensors index's shards
+/// first, sorted, then the rest, sorted) into the page cache with warm::warm_files on threads of
+/// its own, within MemAvailable minus daemon.warm_reserve (MODELD_TEST_WARM_BUDGET bytes instead,
+/// and MODELD_TEST_WARM_RATE bytes/s at most, in builds with test hooks). Logs a start and a
+/// closing line under `fields`; `progress` (may be empty) gets the figures on the loop. With
+/// `cancellable`, a cancel of the awaiting coroutine stops the readers and returns cancelled.
+/// Errors: the manifest's or /proc/meminfo's (io_error, checkpoint_incomplete), cancelled.
+boost::asio::awaitable<Result<Warmed>> warm_revision(Services& s, const config::ModelConfig& model,
+                                                     const std::string& commit, const sys::Fields& fields,
+                                                     const WarmProgressFn& progress, bool cancellable);
+
+/// The order warming reads a revision's `paths` in: the shards (the index's `shards`, or every
+/// *.safetensors when it is empty) sorted by name, as vLLM and transformers load them, then the
+/// other files sorted. Does not block.
+std::vector<std::string> warm_order(std::vector<std::string> paths, const std::set<std::string>& shards);
+
+/// The reserve of MemAvailable warming leaves when daemon.warm_reserve is unset, in bytes:
+/// max(8 GiB, 10% of `mem_total`).
+std::uint64_t default_warm_reserve(std::uint64_t mem_total);
+
+/// Bytes of the run's revision in the page cache now (mincore, on the disk pool); nullopt when
+/// its manifest cannot be read.
+boost::asio::awaitable<std::optional<std::uint64_t>> resident_at_launch(Services& s, const Run& run);
+
+/// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, measure
+/// what of the revision is in the page cache, start.
+boost::asio::awaitable<Result<Launched>> run_launching(Services& s, const Run& run);
 
 /// health_checking: wait for readiness within startup_timeout.
 boost::asio::awaitable<Result<void>> run_health_checking(Services& s, const Run& run);

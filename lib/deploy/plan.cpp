@@ -339,6 +339,8 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
     evicted += c.size_bytes;
     p.evictions.push_back(std::move(e));
   }
+  if (model.serve.warm == "off") p.warming = "off";
+  else if (!p.rollback_possible) p.warming = "in_outage";
   if (!p.fits && !allow_downtime && active) {
     auto with_active = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, true);
     p.fits_with_allow_downtime = with_active && with_active->fits;

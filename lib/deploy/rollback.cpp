@@ -29,6 +29,15 @@ boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& ru
       s.disk_pool, [&] { return s.store.switch_link(old->name, run.previous->commit); });
   if (!switched) co_return make_error(Errc::rollback_failed, switched.error().message);
   if (auto r = co_await install_dropin(s, *old); !r) co_return make_error(Errc::rollback_failed, r.error().message);
+  // Warming the new revision may have pushed the old one out of the page cache: it is read back
+  // first (not cancellable, as rolling back is not; a failure to warm only slows the start).
+  if (old->serve.warm != "off") {
+    const sys::Fields fields = run.fields();
+    const WarmProgressFn none;
+    sys::logf(sys::Level::notice, fields, "warming the previous revision of {} before starting it again", old->name);
+    if (auto w = co_await warm_revision(s, *old, run.previous->commit, fields, none, false); !w)
+      sys::logf(sys::Level::warning, fields, "cannot warm {}: {}", old->name, w.error().message);
+  }
   const auto old_unit = units::serve_unit(old->name);
   sys::logf(sys::Level::warning, run.fields(), "starting {} again (model {} at {})", old_unit, old->name,
             run.previous->commit.substr(0, 12));

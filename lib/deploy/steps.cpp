@@ -8,6 +8,7 @@ Phase phase_of(Step s) noexcept {
     case Step::freeing_disk: return Phase::freeing_disk;
     case Step::downloading: return Phase::downloading;
     case Step::verifying: return Phase::verifying;
+    case Step::warming: return Phase::warming;
     case Step::stopping_old: return Phase::stopping_old;
     case Step::launching: return Phase::launching;
     case Step::health_checking: return Phase::health_checking;
@@ -24,11 +25,11 @@ std::string_view to_string(Step s) noexcept {
 std::vector<PlannedStep> plan_steps(Kind, bool downtime_first) {
   // Planning, freeing_disk, downloading and verifying leave the model in service alone (a large
   // download takes hours while it keeps serving and being watched); so does cleanup, which spares
-  // the revision in service.
+  // the revision in service; warming only reads the new revision's files into the page cache.
   const PlannedStep stop{Step::stopping_old, true};
   std::vector<PlannedStep> steps{{Step::planning, false}};
   if (downtime_first) steps.push_back(stop);
-  for (Step s : {Step::freeing_disk, Step::downloading, Step::verifying}) steps.push_back({s, false});
+  for (Step s : {Step::freeing_disk, Step::downloading, Step::verifying, Step::warming}) steps.push_back({s, false});
   if (!downtime_first) steps.push_back(stop);
   steps.insert(steps.end(), {{Step::launching, true},
                              {Step::health_checking, true},

@@ -11,7 +11,7 @@ namespace modeld::deploy {
 
 /// The steps a deployment may run; rolling back is not a step of the plan but its alternative.
 enum class Step {
-  planning, freeing_disk, downloading, verifying, stopping_old, launching, health_checking, cleanup,
+  planning, freeing_disk, downloading, verifying, warming, stopping_old, launching, health_checking, cleanup,
   benchmarking
 };
 
@@ -28,7 +28,8 @@ Phase phase_of(Step s) noexcept;
 std::string_view to_string(Step s) noexcept;
 
 /// The ordered steps of a deployment of kind `kind`; with `downtime_first` (allow_downtime and a
-/// disk plan that evicts the active model) stopping_old comes right after planning.
+/// disk plan that evicts the active model) stopping_old comes right after planning, so warming
+/// (after verifying) runs while nothing serves.
 std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first);
 
 }  // namespace modeld::deploy

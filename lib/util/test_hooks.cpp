@@ -1,6 +1,8 @@
 #include "util/test_hooks.hpp"
 
+#include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 
 #include <unistd.h>
@@ -15,6 +17,20 @@ void crash_point([[maybe_unused]] std::string_view name) {
   std::fprintf(stderr, "modeld: crash point %.*s reached: exiting at once\n", static_cast<int>(name.size()),
                name.data());
   ::_exit(137);
+#endif
+}
+
+std::optional<std::uint64_t> number([[maybe_unused]] const char* name) {
+#ifdef MODELD_TEST_HOOKS
+  const char* text = std::getenv(name);
+  if (!text || !*text) return std::nullopt;
+  std::uint64_t value = 0;
+  const char* end = text + std::strlen(text);
+  auto [ptr, ec] = std::from_chars(text, end, value);
+  if (ec != std::errc() || ptr != end) return std::nullopt;
+  return value;
+#else
+  return std::nullopt;
 #endif
 }
 

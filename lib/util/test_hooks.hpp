@@ -3,6 +3,8 @@
 // (developer and CI builds, the default); the packaged daemon is built without them
 // (scripts/package.sh), where every hook returns at once.
 
+#include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace modeld::test_hooks {
@@ -11,5 +13,10 @@ namespace modeld::test_hooks {
 /// as a kill -9 there would) when the environment variable MODELD_CRASH_POINT equals `name`;
 /// otherwise, and always in a build without them, returns. Never blocks.
 void crash_point(std::string_view name);
+
+/// With test hooks compiled in, the environment variable `name` read as a whole non-negative
+/// number; nullopt when it is unset or not such a number, and always in a build without them.
+/// Never blocks.
+std::optional<std::uint64_t> number(const char* name);
 
 }  // namespace modeld::test_hooks

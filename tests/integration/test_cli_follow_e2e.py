@@ -24,7 +24,7 @@ import pytest
 from modeld_env import BUILD_DIR, SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
-PHASES = ["planning", "freeing_disk", "downloading", "verifying", "stopping_old", "launching",
+PHASES = ["planning", "freeing_disk", "downloading", "verifying", "warming", "stopping_old", "launching",
           "health_checking", "benchmarking"]
 COMPLETION = SOURCE_DIR / "packaging" / "bash-completion" / "modelctl"
 MODELCTL = str(BUILD_DIR / "modelctl")
@@ -172,12 +172,16 @@ def test_a_raw_sse_client_follows_one_deployment_from_start_to_its_terminal_even
     assert phases == PHASES, phases
 
     # Progress arrives while downloading, each event carrying at least the bytes of the one
-    # before, and the bytes grow from the first to the last.
+    # before, and the bytes grow from the first to the last. (Warming's progress events carry
+    # "warm" besides them and come in its own phase.)
     download = [i for i, (k, d) in enumerate(events) if k == "phase"]
     start, end = download[PHASES.index("downloading")], download[PHASES.index("verifying")]
-    progress = [d["progress"] for k, d in events if k == "progress"]
+    progress = [d["progress"] for k, d in events if k == "progress" and "warm" not in d]
     assert len(progress) >= 3, f"only {len(progress)} progress events"
-    assert all(start < i < end for i, (k, _) in enumerate(events) if k == "progress")
+    assert all(start < i < end for i, (k, d) in enumerate(events) if k == "progress" and "warm" not in d)
+    warming = download[PHASES.index("warming")]
+    assert all(i > warming and d["phase"] == "warming"
+               for i, (k, d) in enumerate(events) if k == "progress" and "warm" in d)
     done = [p["bytes_done"] for p in progress]
     assert done == sorted(done), done
     assert done[0] < done[-1] == progress[-1]["bytes_total"], done

@@ -29,7 +29,7 @@ SHARD2 = "model-00002-of-00002.safetensors"
 INDEX = "model.safetensors.index.json"
 # The second tensor of shard 1 by offset (after model.embed_tokens.weight): an F32 [128] norm.
 NORM = "model.layers.0.input_layernorm.weight"
-PHASES = ["planning", "freeing_disk", "downloading", "verifying", "stopping_old"]
+PHASES = ["planning", "freeing_disk", "downloading", "verifying", "warming", "stopping_old"]
 
 
 # --- building defective safetensors ------------------------------------------------------------

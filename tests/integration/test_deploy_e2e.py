@@ -11,7 +11,7 @@ import pytest
 from modeld_env import SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
-PHASES = ["planning", "freeing_disk", "downloading", "verifying", "stopping_old", "launching",
+PHASES = ["planning", "freeing_disk", "downloading", "verifying", "warming", "stopping_old", "launching",
           "health_checking", "benchmarking"]
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")

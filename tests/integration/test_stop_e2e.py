@@ -239,6 +239,7 @@ def test_allow_downtime_stops_the_old_model_before_evicting_it(small_disk):
         plan = json.loads(env.modelctl("--json", "plan", "new", "--allow-downtime").stdout)
         assert plan["fits"] is True and plan["rollback_possible"] is False, plan
         assert [e["name"] for e in plan["evictions"]] == ["old"]
+        assert plan["warming"] == "in_outage", plan
 
         # Without the flag the old model is never touched.
         dep = env.deploy_and_wait("new", expect_exit=1)
@@ -255,8 +256,8 @@ def test_allow_downtime_stops_the_old_model_before_evicting_it(small_disk):
             p = e.get("MODELD_PHASE")
             if p and (not phases or phases[-1] != p):
                 phases.append(p)
-        assert phases[:6] == ["planning", "stopping_old", "freeing_disk", "downloading", "verifying",
-                              "launching"], phases
+        assert phases[:7] == ["planning", "stopping_old", "freeing_disk", "downloading", "verifying",
+                              "warming", "launching"], phases
         assert env.status()["active"]["model"] == "new"
         assert not (env.models_dir / ".store" / "old").exists()
         assert completion(ports["new"], "new")

@@ -715,3 +715,31 @@ TEST_CASE("model tables compare by value, so a reload can tell which models chan
   b.serve.environment["X"] = "1";
   CHECK(!(a == b));
 }
+
+TEST_CASE("serve.warm is auto or off, and daemon.warm_reserve a size left unset by default") {
+  TempDir dir;
+  SECTION("defaults: warm auto, the reserve computed when warming runs") {
+    fs::path main = dir.write("modeld.toml", kMinimalModel);
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.warm == "auto");
+    CHECK_FALSE(r.config->daemon.warm_reserve.has_value());
+  }
+  SECTION("off and a reserve are read") {
+    fs::path main = dir.write("modeld.toml", "[daemon]\nwarm_reserve = \"16GiB\"\n" + std::string(kMinimalModel) +
+                                                 "warm = \"off\"\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.warm == "off");
+    CHECK(r.config->daemon.warm_reserve == std::optional<std::uint64_t>(16ull << 30));
+  }
+  SECTION("another value is a problem at its line") {
+    fs::path main = dir.write("modeld.toml", std::string(kMinimalModel) + "warm = \"eager\"\n");
+    LoadResult r = load(main, Environment{});
+    const Problem* p = find_problem(r, "models.m.serve.warm must be \"auto\" or \"off\", got \"eager\"");
+    REQUIRE(p != nullptr);
+    CHECK(p->line == 6);
+  }
+}

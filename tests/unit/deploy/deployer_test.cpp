@@ -66,9 +66,10 @@ const std::string kConfigJson = R"({"architectures": ["TestForCausalLM"]})";
 const std::string kRecordId = "20260101T000000Z-new";
 
 const std::vector<Phase> kOrder{Phase::planning,     Phase::freeing_disk, Phase::downloading,     Phase::verifying,
-                                Phase::stopping_old, Phase::launching,    Phase::health_checking, Phase::benchmarking};
+                                Phase::warming,      Phase::stopping_old, Phase::launching,       Phase::health_checking,
+                                Phase::benchmarking};
 const std::vector<Phase> kDowntimeOrder{Phase::planning,  Phase::stopping_old, Phase::freeing_disk,
-                                        Phase::downloading, Phase::verifying, Phase::launching,
+                                        Phase::downloading, Phase::verifying, Phase::warming, Phase::launching,
                                         Phase::health_checking, Phase::benchmarking};
 const std::vector<Phase> kFromStoppingOld{Phase::stopping_old, Phase::launching, Phase::health_checking,
                                           Phase::benchmarking};
@@ -589,6 +590,12 @@ TEST_CASE("the event stream's names and data text of a deployment stay as they w
     if (kind != "progress") continue;
     ++progress;
     const auto j = nlohmann::json::parse(text);
+    if (j.contains("warm")) {  // warming's progress: the download's figures, plus its phase and its own
+      CHECK(text == fmt::format(R"({{"id":"{}","model":"new","phase":"warming","progress":{},"warm":{}}})", d.id,
+                                j["progress"].dump(), j["warm"].dump()));
+      CHECK(j["warm"].size() == 4);
+      continue;
+    }
     CHECK(text == fmt::format(R"({{"id":"{}","model":"new","progress":{}}})", d.id, j["progress"].dump()));
     CHECK(j["progress"].size() == 7);
     CHECK(j["progress"].contains("files"));
@@ -727,6 +734,7 @@ TEST_CASE("a cancel as a phase begins ends cancelled before stopping_old, rolled
                           CancelCase{Phase::freeing_disk, State::cancelled, true},
                           CancelCase{Phase::downloading, State::cancelled, true},
                           CancelCase{Phase::verifying, State::cancelled, true},
+                          CancelCase{Phase::warming, State::cancelled, true},
                           CancelCase{Phase::stopping_old, State::rolled_back, true},
                           CancelCase{Phase::launching, State::rolled_back, true},
                           CancelCase{Phase::health_checking, State::rolled_back, true},
@@ -817,6 +825,7 @@ TEST_CASE("a deployment interrupted by a restart continues from its recorded pha
   };
   const auto c = GENERATE(ResumeCase{Phase::planning, kOrder}, ResumeCase{Phase::freeing_disk, kOrder},
                           ResumeCase{Phase::downloading, kOrder}, ResumeCase{Phase::verifying, kOrder},
+                          ResumeCase{Phase::warming, kOrder},
                           ResumeCase{Phase::stopping_old, kFromStoppingOld},
                           ResumeCase{Phase::launching, kFromStoppingOld},
                           ResumeCase{Phase::health_checking, kFromStoppingOld},
@@ -885,4 +894,50 @@ TEST_CASE("a deployment interrupted in its cleanup finishes the cleanup after a 
   CHECK_FALSE(fs::exists(fx.store.revision_dir("new", older)));
   CHECK(fs::exists(fx.store.revision_dir("new", kNew)));
   CHECK(fx.deployer->history(10).size() == 1);
+}
+
+// ---- warming ----
+
+TEST_CASE("a deployment records what warming found and what was resident at launch") {
+  Fixture fx;
+  fx.boot();
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  check_new_serves(fx, end);
+  REQUIRE(end.warm);
+  CHECK(end.warm->bytes_total > 0);
+  CHECK(end.warm->bytes_resident_before + end.warm->bytes_warmed <= end.warm->bytes_total);
+  REQUIRE(end.warm->bytes_resident_at_launch);
+  CHECK(*end.warm->bytes_resident_at_launch <= end.warm->bytes_total);
+  auto hist = fx.states.load_history(1);
+  REQUIRE_FALSE(hist.empty());
+  REQUIRE(hist.front().warm);
+  CHECK(hist.front().warm->bytes_total == end.warm->bytes_total);
+  CHECK(hist.front().warm->bytes_resident_at_launch == end.warm->bytes_resident_at_launch);
+}
+
+TEST_CASE("with serve.warm off, warming reads nothing and launching still measures the page cache") {
+  Fixture fx;
+  fx.cfg->models["new"].serve.warm = "off";
+  fx.boot();
+  auto d = fx.deploy("new");
+  auto end = fx.wait_end(d.id);
+  check_new_serves(fx, end);
+  REQUIRE(end.warm);
+  CHECK(end.warm->bytes_total == 0);
+  CHECK(end.warm->bytes_warmed == 0);
+  CHECK(end.warm->bytes_resident_at_launch.has_value());
+}
+
+TEST_CASE("warming reads the index's shards first, sorted as loaders read them, then the rest") {
+  const std::vector<std::string> paths{"tokenizer.json", "b-2.safetensors", "config.json", "b-1.safetensors",
+                                       "extra.safetensors", "model.safetensors.index.json"};
+  CHECK(deploy::warm_order(paths, {"b-1.safetensors", "b-2.safetensors"}) ==
+        std::vector<std::string>{"b-1.safetensors", "b-2.safetensors", "config.json", "extra.safetensors",
+                                 "model.safetensors.index.json", "tokenizer.json"});
+  CHECK(deploy::warm_order(paths, {}) ==
+        std::vector<std::string>{"b-1.safetensors", "b-2.safetensors", "extra.safetensors", "config.json",
+                                 "model.safetensors.index.json", "tokenizer.json"});
+  CHECK(deploy::default_warm_reserve(16ull << 30) == 8ull << 30);
+  CHECK(deploy::default_warm_reserve(1000ull << 30) == 100ull << 30);
 }

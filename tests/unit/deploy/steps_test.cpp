@@ -21,16 +21,18 @@ std::string names(const std::vector<PlannedStep>& steps, bool touching_only = fa
 
 }  // namespace
 
-TEST_CASE("a deploy's steps: stopping_old after verifying, cleanup between health_checking and benchmarking") {
+TEST_CASE("a deploy's steps: warming and stopping_old after verifying, cleanup between health_checking and benchmarking") {
   const auto steps = plan_steps(Kind::deploy, false);
   CHECK(names(steps) ==
-        "planning freeing_disk downloading verifying stopping_old launching health_checking cleanup benchmarking");
+        "planning freeing_disk downloading verifying warming stopping_old launching health_checking cleanup "
+        "benchmarking");
   CHECK(names(steps, true) == "stopping_old launching health_checking benchmarking");
 }
 
-TEST_CASE("with downtime first, stopping_old comes right after planning") {
+TEST_CASE("with downtime first, stopping_old comes right after planning, and warming while nothing serves") {
   CHECK(names(plan_steps(Kind::deploy, true)) ==
-        "planning stopping_old freeing_disk downloading verifying launching health_checking cleanup benchmarking");
+        "planning stopping_old freeing_disk downloading verifying warming launching health_checking cleanup "
+        "benchmarking");
 }
 
 TEST_CASE("cleanup shows as health_checking, every other step as its own phase") {
