@@ -81,7 +81,7 @@ boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run
   co_return Result<void>{};
 }
 
-boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) {
+boost::asio::awaitable<Result<Launched>> run_launching(Services& s, const Run& run) {
   const auto unit = units::serve_unit(run.model.name);
   const auto& commit = *run.record.commit;
   // Stopping the old model may have taken minutes: a stat per file proves that nothing touched
@@ -106,8 +106,9 @@ boost::asio::awaitable<Result<void>> run_launching(Services& s, const Run& run) 
   sys::logf(sys::Level::info, run.fields(), "starting {} on port {} with {} -> {}", unit, run.model.serve.port,
             s.store.model_path(run.model.name).string(), commit.substr(0, 12));
   // A unit left failed by an earlier attempt would refuse to start again.
+  const Launched launched{wall_clock_ns()};
   if (auto r = co_await units::reset_failed_and_start(s.units, unit); !r) co_return r.error();
-  co_return Result<void>{};
+  co_return launched;
 }
 
 }  // namespace modeld::deploy
