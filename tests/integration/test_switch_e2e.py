@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from contract_helpers import ended, in_phase, restart_modeld_after_kill, start_deploy
 from modeld_env import SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -22,9 +23,13 @@ def env(tmp_path_factory):
     e = ModeldEnv(workdir=tmp_path_factory.mktemp("switch"))
     e.add_repo("acme/model-a", shards=2, shard_size=100_000, seed=1)
     e.add_repo("acme/model-b", shards=2, shard_size=100_000, seed=2)
-    e.ports = {"model-a": free_port(), "model-b": free_port()}
+    e.add_repo("acme/model-c", shards=2, shard_size=100_000, seed=3)
+    e.ports = {"model-a": free_port(), "model-b": free_port(), "model-c": free_port()}
+    e.c_loaded = e.workdir / "c-loaded"  # model-c "loads" until this file exists
     tables = (model_table("model-a", "acme/model-a", e.ports["model-a"])
-              + model_table("model-b", "acme/model-b", e.ports["model-b"], load_seconds=LOAD_SECONDS))
+              + model_table("model-b", "acme/model-b", e.ports["model-b"], load_seconds=LOAD_SECONDS)
+              + model_table("model-c", "acme/model-c", e.ports["model-c"],
+                            serve_args=["--load-until", str(e.c_loaded)]))
     try:
         e.start(tables)
         yield e
@@ -118,3 +123,22 @@ def test_the_switch_agrees_with_an_independent_prober(env):
     assert len(gauge) == 1, text
     assert float(gauge[0].split()[-1]) == pytest.approx(sw["downtime_s"])
     assert "modeld_switch_downtimes_seconds_count 2\n" in text, text
+
+
+def test_a_restart_mid_switch_is_part_of_the_outage(env):
+    assert env.status()["active"]["model"] == "model-b"
+    with Prober({"model-b": env.ports["model-b"], "model-c": env.ports["model-c"]}) as prober:
+        wait_for("the prober's first answer from model-b", lambda: prober.successes, timeout=30)
+        dep_id = start_deploy(env, "model-c")
+        in_phase(env, dep_id, "health_checking")
+        # B is gone, C loads: modeld is killed and started again in the middle of the outage.
+        restart_modeld_after_kill(env)
+        env.c_loaded.touch()
+        dep = ended(env, dep_id)
+        seen = len(prober.successes)
+        wait_for("the prober's answers from model-c", lambda: len(prober.successes) >= seen + 3, timeout=30)
+    assert dep["state"] == "succeeded", dep
+    sw = dep["switch"]
+    assert sw is not None, dep
+    measured = prober.outage()
+    assert abs(measured - sw["downtime_s"]) <= 1.0, (measured, sw)
