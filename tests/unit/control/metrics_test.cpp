@@ -495,7 +495,7 @@ TEST_CASE("switch downtimes start from the history: the newest per model, and ev
   CHECK(sample(metrics_text(e), R"(modeld_switch_downtime_seconds{model="llama"})") == 12);
 }
 
-TEST_CASE("a deployment that ends with a switch updates the model's gauge and the histogram; one without does not") {
+TEST_CASE("a deployment that ends with a switch updates the model's gauge and the histogram, one without does not") {
   FakeEngine e;
   MetricsCollector c(e);
   CHECK(c.text().find("modeld_switch_downtime_seconds{") == std::string::npos);

@@ -165,7 +165,7 @@ TEST_CASE("a switch's report runs from the stop request to ready, its parts betw
   CHECK(r->port_to_ready_s == Approx(5));
 }
 
-TEST_CASE("with nothing stopped a switch runs from the start request; without a port mark the load runs to ready") {
+TEST_CASE("with nothing stopped a switch runs from the start request, and without a port mark the load runs to ready") {
   constexpr std::int64_t s = 1'000'000'000;
   auto r = switch_report_of(SwitchMarks{0, 0, 10 * s, 0, 13 * s});
   REQUIRE(r);
