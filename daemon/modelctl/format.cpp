@@ -179,6 +179,13 @@ std::vector<std::string> progress_lines(const json& p, std::size_t columns, std:
   return out;
 }
 
+std::string switch_text(const json& d) {
+  const auto& s = d.is_object() ? d.value("switch", json()) : json();
+  if (!s.is_object()) return "";
+  return modeld::util::describe_switch(num(s, "downtime_s"), num(s, "stop_s"), num(s, "launch_s"),
+                                       num(s, "start_to_port_s"), num(s, "port_to_ready_s"));
+}
+
 std::vector<std::string> deployment_lines(const json& d, const Style& style, std::size_t columns) {
   std::vector<std::string> out;
   const auto state = str(d, "state");
@@ -193,6 +200,7 @@ std::vector<std::string> deployment_lines(const json& d, const Style& style, std
   }
   if (const auto& e = d.value("error", json()); e.is_object())
     out.push_back(fmt::format("  Error:     {}: {}", str(e, "code"), str(e, "message")));
+  if (auto s = switch_text(d); !s.empty()) out.push_back("  Switch:    " + s);
   out.push_back(fmt::format("  Started:   {}", str(d, "started_at")));
   if (auto f = str(d, "finished_at", ""); !f.empty()) out.push_back(fmt::format("  Finished:  {}", f));
   return out;
@@ -251,6 +259,7 @@ std::string status_text(const json& s, const Style& style) {
   if (auto f = str(d, "finished_at", ""); !f.empty()) out += fmt::format("  Finished:  {}\n", f);
   if (const auto& e = d.value("error", json()); e.is_object())
     out += fmt::format("  Error:     {}: {}\n", str(e, "code"), str(e, "message"));
+  if (auto sw = switch_text(d); !sw.empty()) out += "  Switch:    " + sw + "\n";
   if (const auto& b = d.value("benchmark", json()); b.is_object())
     out += fmt::format("  Benchmark: first token {:.2f} s, {:.1f} tokens/s\n", num(b, "ttft_s"),
                        num(b, "decode_tokens_per_s"));

@@ -215,6 +215,7 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
       fmt::print("Deployment {} {}\n", id, c.style.state(state));
     else
       fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), modelctl::str(*f, "phase", "?"));
+    if (auto s = modelctl::switch_text(*f); !s.empty()) fmt::print("Switch: {}\n", s);
     if (const auto& e = f->value("error", json()); e.is_object())
       fmt::print(stderr, "modelctl: {}: {}\n", modelctl::str(e, "code", "error"), modelctl::str(e, "message", ""));
   }

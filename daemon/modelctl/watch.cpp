@@ -98,7 +98,7 @@ class Watcher {
         plain(fmt::format("deployment {} of {} running, phase {}", str(deployment_, "id"), str(deployment_, "model"),
                           str(deployment_, "phase")));
       else
-        plain("last deployment " + result_text(deployment_));
+        plain_result("last deployment ");
     }
     std::optional<modeld::Error> failed;
     auto r = events.follow([&](const Event& e) {
@@ -206,7 +206,7 @@ class Watcher {
       for (const char* key : {"state", "phase", "error"})
         if (data.contains(key)) deployment_[key] = data[key];
       if (o_.tty) draw();
-      else plain(result_text(deployment_));
+      else plain_result("");
     }
     if (!o_.tty) {
       if (auto active = active_text(status_.value("active", json())); active != active_before) plain("active: " + active);
@@ -242,6 +242,12 @@ class Watcher {
     lines.push_back(running ? "Following the deployment; Ctrl-C to quit"
                             : "Nothing running; waiting for the next deployment; Ctrl-C to quit");
     block_.draw(lines);
+  }
+
+  // The ended deployment's result_text() after `prefix`, then its switch when it has one.
+  void plain_result(const std::string& prefix) {
+    plain(prefix + result_text(deployment_));
+    if (auto s = switch_text(deployment_); !s.empty()) plain(fmt::format("{} switch {}", str(deployment_, "id"), s));
   }
 
   void plain(const std::string& line) {

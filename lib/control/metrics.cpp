@@ -45,9 +45,26 @@ void PhaseDurations::observe(double seconds) {
   last = seconds;
 }
 
-MetricsCollector::MetricsCollector(deploy::Engine& engine) : engine_(engine) {
-  for (const auto& d : engine_.history(std::numeric_limits<std::size_t>::max()))
-    if (d.ended()) ++counters_.deployments[std::string(deploy::to_string(d.state))];
+void SwitchDowntimes::observe(const std::string& model, double seconds) {
+  for (std::size_t i = 0; i < bounds.size(); ++i)
+    if (seconds <= bounds[i]) ++buckets[i];
+  ++count;
+  sum += seconds;
+  last[model] = seconds;
+}
+
+MetricCounters counts_from_history(const deploy::Engine& engine) {
+  MetricCounters counters;
+  const auto history = engine.history(std::numeric_limits<std::size_t>::max());
+  for (const auto& d : history)
+    if (d.ended()) ++counters.deployments[std::string(deploy::to_string(d.state))];
+  // Oldest first, so that each model's last switch is its newest.
+  for (auto d = history.rbegin(); d != history.rend(); ++d)
+    if (d->ended() && d->switch_report) counters.switches.observe(d->model, d->switch_report->downtime_s);
+  return counters;
+}
+
+MetricsCollector::MetricsCollector(deploy::Engine& engine) : engine_(engine), counters_(counts_from_history(engine)) {
   token_ = engine_.subscribe([this](const deploy::Event& e) { on_event(e); });
 }
 
@@ -96,6 +113,7 @@ void MetricsCollector::on_event(const deploy::Event& e) {
     running_.erase(it);
   }
   ++counters_.deployments[std::string(deploy::to_string(e.state))];
+  if (auto d = engine_.get(e.id); d && d->switch_report) counters_.switches.observe(d->model, d->switch_report->downtime_s);
   if (e.error && verification_error(to_string(e.error->code))) ++counters_.verification_failures["deployment"];
 }
 

@@ -10,6 +10,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -33,6 +34,20 @@ struct PhaseDurations {
   void observe(double seconds);
 };
 
+/// The outages of switches (DEPLOYMENT.switch.downtime_s): a histogram over every deployment that
+/// reported one, and the last one per model.
+struct SwitchDowntimes {
+  /// Upper bounds of the histogram's buckets in seconds, from a second to an hour (+Inf beyond).
+  static constexpr std::array<double, 11> bounds{1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600};
+  std::array<std::uint64_t, bounds.size()> buckets{};  ///< observations <= each bound (cumulative)
+  std::uint64_t count = 0;
+  double sum = 0;                       ///< seconds
+  std::map<std::string, double> last;  ///< model -> the downtime of its last switch, seconds
+
+  /// Adds the switch of a deployment of `model` that lasted `seconds`.
+  void observe(const std::string& model, double seconds);
+};
+
 /// Counter values that metrics_text() prints when it is given them.
 struct MetricCounters {
   std::map<std::string, std::uint64_t> deployments;   ///< terminal state -> deployments that ended so
@@ -41,13 +56,18 @@ struct MetricCounters {
   std::map<std::string, std::uint64_t> verification_failures;  ///< "deployment" | "verify" -> failures
   std::map<std::string, std::uint64_t> reloads;       ///< "success" | "failure" -> configuration reloads
   std::optional<bool> last_reload_ok;                 ///< nullopt until the first reload
+  SwitchDowntimes switches;                           ///< from the history at start, then each ended deployment
 };
+
+/// The counters that `engine`'s history holds: deployments by terminal state and the switch
+/// downtimes of the ended ones; every other counter at 0.
+MetricCounters counts_from_history(const deploy::Engine& engine);
 
 /// Keeps MetricCounters up to date from `engine`'s events; lives on the io_context thread.
 class MetricsCollector {
  public:
   /// Subscribes to `engine` (which must outlive the collector) and starts the deployment counts
-  /// from the ended deployments of its history.
+  /// and the switch downtimes from the ended deployments of its history.
   explicit MetricsCollector(deploy::Engine& engine);
   ~MetricsCollector();
   MetricsCollector(const MetricsCollector&) = delete;

@@ -298,12 +298,7 @@ std::string label_value(std::string_view v) {
 
 }  // namespace
 
-std::string metrics_text(const deploy::Engine& engine) {
-  MetricCounters counters;
-  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
-    if (d.ended()) ++counters.deployments[std::string(deploy::to_string(d.state))];
-  return metrics_text(engine, counters);
-}
+std::string metrics_text(const deploy::Engine& engine) { return metrics_text(engine, counts_from_history(engine)); }
 
 namespace {
 
@@ -357,6 +352,21 @@ void deployment_metrics(std::string& out, const deploy::Engine& engine, const Me
   if (current && !current->ended() && current->phase == deploy::Phase::downloading)
     rate = current->progress.rate_bytes_per_s;
   out += fmt::format("modeld_download_rate_bytes_per_second {}\n", rate);
+}
+
+// The switches' outages: the last per model and a histogram of all.
+void switch_metrics(std::string& out, const SwitchDowntimes& sw) {
+  family(out, "modeld_switch_downtime_seconds", "gauge",
+         "Outage of the model's last switch (DEPLOYMENT.switch.downtime_s), in seconds.");
+  for (const auto& [model, s] : sw.last)
+    out += fmt::format("modeld_switch_downtime_seconds{{model=\"{}\"}} {}\n", label_value(model), s);
+  family(out, "modeld_switch_downtimes_seconds", "histogram",
+         "Outages of switches (DEPLOYMENT.switch.downtime_s) in the kept history and since, in seconds.");
+  for (std::size_t i = 0; i < sw.bounds.size(); ++i)
+    out += fmt::format("modeld_switch_downtimes_seconds_bucket{{le=\"{}\"}} {}\n", sw.bounds[i], sw.buckets[i]);
+  out += fmt::format("modeld_switch_downtimes_seconds_bucket{{le=\"+Inf\"}} {}\n", sw.count);
+  out += fmt::format("modeld_switch_downtimes_seconds_sum {}\n", sw.sum);
+  out += fmt::format("modeld_switch_downtimes_seconds_count {}\n", sw.count);
 }
 
 // The verification failure and configuration reload families.
@@ -420,6 +430,7 @@ void benchmark_metrics(std::string& out, const deploy::Engine& engine) {
 std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters) {
   std::string out;
   deployment_metrics(out, engine, counters);
+  switch_metrics(out, counters.switches);
   check_metrics(out, counters);
   family(out, "modeld_active_model_info", "gauge", "The model in service, its commit and its unit.");
   if (auto a = engine.active())

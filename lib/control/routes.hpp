@@ -101,8 +101,8 @@ std::string sse_frame(std::string_view kind, std::string_view data);
 
 struct MetricCounters;
 
-/// The Prometheus text exposition of GET /metrics with the deployment counts taken from the
-/// engine's history and every other counter at 0 (the server answers with a MetricsCollector's
+/// The Prometheus text exposition of GET /metrics with the deployment counts and switch
+/// downtimes taken from the engine's history and every other counter at 0 (the server answers with a MetricsCollector's
 /// counters instead).
 std::string metrics_text(const deploy::Engine& engine);
 
@@ -112,7 +112,8 @@ std::string metrics_text(const deploy::Engine& engine);
 /// modeld_phase_runs_total{phase}, modeld_download_bytes_total,
 /// modeld_download_rate_bytes_per_second, modeld_verification_failures_total{source},
 /// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit}, the
-/// watchdog's series (modeld_readiness_probe_seconds{model} ...) and the benchmark's.
+/// watchdog's series (modeld_readiness_probe_seconds{model} ...), the benchmark's, and the
+/// switches' (modeld_switch_downtime_seconds{model}, modeld_switch_downtimes_seconds).
 std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters);
 
 }  // namespace modeld::control

@@ -60,6 +60,9 @@ class Deployer::RunDecisions final : public Decisions {
   }
   asio::awaitable<void> stopping_old() override {
     r_.record.old_stopped = true;
+    // A restart mid-switch keeps the first request's time: the outage began there.
+    auto& marks = r_.record.switch_marks;
+    if (!marks.stop_requested_ns) marks.stop_requested_ns = wall_clock_ns();
     co_await deployer_.persist_now(r_.record);
   }
   void progress(const fetch::Progress& p) override { deployer_.on_progress(r_, p); }
@@ -489,19 +492,28 @@ asio::awaitable<Result<void>> Deployer::run_step(Running& r, Step s) {
     }
     case Step::stopping_old: {
       auto body = run_stopping_old(sv, run, decisions);
-      co_return co_await in_child(io_, slot, body, name);
+      auto stopped = co_await in_child(io_, slot, body, name);
+      if (!stopped) co_return stopped.error();
+      co_await apply_stopped(r, *stopped);
+      co_return Result<void>{};
     }
     case Step::launching: {
       auto body = run_launching(sv, run);
-      auto l = co_await in_child(io_, slot, body, name);
-      if (l) co_await apply_warm(r, std::nullopt, l->bytes_resident_at_launch);
-      co_return l ? Result<void>{} : Result<void>{l.error()};
+      auto launched = co_await in_child(io_, slot, body, name);
+      if (!launched) co_return launched.error();
+      co_await apply_warm(r, std::nullopt, launched->bytes_resident_at_launch);
+      const std::optional<Readiness> not_yet;
+      co_await apply_started(r, launched->start_requested_ns, not_yet);
+      co_return Result<void>{};
     }
     case Step::health_checking: {
       auto body = run_health_checking(sv, run);
-      auto ok = co_await in_child(io_, slot, body, name);
-      if (ok && !r.record.cancel_requested) co_await apply_healthy(r);
-      co_return ok;
+      auto ready = co_await in_child(io_, slot, body, name);
+      if (!ready) co_return ready.error();
+      const std::optional<Readiness> seen = *ready;
+      co_await apply_started(r, r.record.switch_marks.start_requested_ns, seen);
+      if (!r.record.cancel_requested) co_await apply_healthy(r);
+      co_return Result<void>{};
     }
     case Step::cleanup: {
       // Not cancellable: bound to a signal nothing emits. A failure is logged; the model serves.
@@ -558,6 +570,36 @@ asio::awaitable<void> Deployer::apply_freed(Running& r, const Freed& freed) {
   state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
   state_.active.reset();
   co_await save_state(r);
+}
+
+asio::awaitable<void> Deployer::apply_stopped(Running& r, const Stopped& stopped) {
+  // Kept from before a restart: a stop found done again is not when it was done.
+  auto& marks = r.record.switch_marks;
+  if (stopped.stop_done_ns && !marks.stop_done_ns) marks.stop_done_ns = stopped.stop_done_ns;
+  co_await persist_now(r.record);
+}
+
+asio::awaitable<void> Deployer::apply_started(Running& r, std::int64_t start_requested_ns,
+                                              const std::optional<Readiness>& ready) {
+  auto& d = r.record;
+  auto& marks = d.switch_marks;
+  marks.start_requested_ns = start_requested_ns;
+  marks.port_ns = ready ? ready->port_ns : 0;
+  marks.ready_ns = ready ? ready->ready_ns : 0;
+  d.switch_report = switch_report_of(marks);
+  if (d.switch_report) {
+    const auto& w = *d.switch_report;
+    sys::Fields f = r.run->fields();
+    auto field = [&](const char* name, double v) { f.extra.emplace_back(name, fmt::format("{:.3f}", v)); };
+    field("MODELD_DOWNTIME_S", w.downtime_s);
+    field("MODELD_STOP_S", w.stop_s);
+    field("MODELD_LAUNCH_S", w.launch_s);
+    field("MODELD_LOAD_S", w.start_to_port_s);
+    field("MODELD_READINESS_S", w.port_to_ready_s);
+    sys::logf(sys::Level::notice, f, "switch {}",
+              util::describe_switch(w.downtime_s, w.stop_s, w.launch_s, w.start_to_port_s, w.port_to_ready_s));
+  }
+  co_await persist_now(d);
 }
 
 asio::awaitable<void> Deployer::apply_healthy(Running& r) {
@@ -679,6 +721,11 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
   asio::cancellation_signal never;
   auto body = run_rolling_back(r.services, *r.run);
   auto res = co_await in_child(io_, never.slot(), body, "rolling_back");
+  // The outage lasts until the old model serves again.
+  if (res) {
+    const std::optional<Readiness> back = res->readiness;
+    co_await apply_started(r, res->launched.start_requested_ns, back);
+  }
   const std::string first_reason = d.error ? d.error->message : "interrupted by a daemon restart";
   if (!res) {
     const bool bug = res.error().code == Errc::internal;

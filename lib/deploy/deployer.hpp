@@ -115,6 +115,12 @@ class Deployer final : public Engine {
   boost::asio::awaitable<void> apply_planned(Running& r, Planned& p);
   // Applies freeing_disk's evictions to the daemon's state (the active model may have gone).
   boost::asio::awaitable<void> apply_freed(Running& r, const Freed& f);
+  // stopping_old's end: when nothing of the old service was left, recorded and persisted.
+  boost::asio::awaitable<void> apply_stopped(Running& r, const Stopped& stopped);
+  // A service was asked to start at `start_requested_ns` and, with `ready`, was ready: the switch's
+  // marks recorded and persisted; once ready, its report computed and its journal line written.
+  boost::asio::awaitable<void> apply_started(Running& r, std::int64_t start_requested_ns,
+                                             const std::optional<Readiness>& ready);
   // The new model serves: recorded in the daemon's state (before cleanup and the benchmark).
   boost::asio::awaitable<void> apply_healthy(Running& r);
   /// Warming's figures (`warmed`) or launching's measure of the page cache (`resident_at_launch`)

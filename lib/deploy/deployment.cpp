@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+
 
 namespace modeld::deploy {
 namespace {
@@ -95,7 +97,50 @@ std::optional<SwitchReport> switch_from_json(const nlohmann::json& j) {
                       j.at("start_to_port_s").get<double>(), j.at("port_to_ready_s").get<double>()};
 }
 
+nlohmann::json marks_json(const SwitchMarks& m) {
+  return {{"stop_requested_ns", m.stop_requested_ns},
+          {"stop_done_ns", m.stop_done_ns},
+          {"start_requested_ns", m.start_requested_ns},
+          {"port_ns", m.port_ns},
+          {"ready_ns", m.ready_ns}};
+}
+
+SwitchMarks marks_from_json(const nlohmann::json& j) {
+  SwitchMarks m;
+  m.stop_requested_ns = j.value("stop_requested_ns", std::int64_t{0});
+  m.stop_done_ns = j.value("stop_done_ns", std::int64_t{0});
+  m.start_requested_ns = j.value("start_requested_ns", std::int64_t{0});
+  m.port_ns = j.value("port_ns", std::int64_t{0});
+  m.ready_ns = j.value("ready_ns", std::int64_t{0});
+  return m;
+}
+
+// Seconds from `from` to `to` (ns since the epoch); 0 when negative.
+double span_s(std::int64_t from, std::int64_t to) { return to > from ? static_cast<double>(to - from) / 1e9 : 0.0; }
+
 }  // namespace
+
+std::int64_t wall_clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::optional<SwitchReport> switch_report_of(const SwitchMarks& m) {
+  if (m.start_requested_ns == 0 || m.ready_ns == 0) return std::nullopt;
+  const bool stopped = m.stop_requested_ns != 0;
+  const auto begin = stopped ? m.stop_requested_ns : m.start_requested_ns;
+  // Without a stop-done mark (the old service was found stopped after a restart), the stop ends
+  // where the launch would begin: the whole gap is the stop's.
+  const auto stop_done = !stopped ? m.start_requested_ns : m.stop_done_ns ? m.stop_done_ns : m.start_requested_ns;
+  const auto port = m.port_ns ? m.port_ns : m.ready_ns;
+  SwitchReport r;
+  r.downtime_s = span_s(begin, m.ready_ns);
+  r.stop_s = span_s(begin, stop_done);
+  r.launch_s = span_s(stop_done, m.start_requested_ns);
+  r.start_to_port_s = span_s(m.start_requested_ns, port);
+  r.port_to_ready_s = span_s(port, m.ready_ns);
+  return r;
+}
 
 nlohmann::json to_json(const Progress& p) {
   return {{"bytes_done", p.bytes_done},
@@ -138,6 +183,7 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["cancel_requested"] = d.cancel_requested;
     j["cleanup_begun"] = d.cleanup_begun;
     j["started_ns"] = d.started_ns;
+    j["switch_marks"] = marks_json(d.switch_marks);
   }
   return j;
 }
@@ -185,6 +231,7 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     if (j.contains("switch")) d.switch_report = switch_from_json(j["switch"]);
     d.cleanup_begun = j.value("cleanup_begun", false);
     d.started_ns = j.value("started_ns", std::int64_t{0});
+    if (j.contains("switch_marks")) d.switch_marks = marks_from_json(j["switch_marks"]);
     return d;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());

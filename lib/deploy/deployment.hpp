@@ -77,6 +77,24 @@ struct SwitchReport {
   double port_to_ready_s = 0;  ///< the port listens until the first token (or passing probe)
 };
 
+/// Wall-clock marks of a switch in ns since the epoch, 0 while not reached; internal, persisted
+/// as each is reached, so a daemon restarted mid-switch still measures the whole outage.
+struct SwitchMarks {
+  std::int64_t stop_requested_ns = 0;   ///< just before StopUnit of the old service
+  std::int64_t stop_done_ns = 0;        ///< nothing of the old service left (control group, ports)
+  std::int64_t start_requested_ns = 0;  ///< just before StartUnit of the service that is to serve
+  std::int64_t port_ns = 0;             ///< its readiness wait first saw the port accept a connection
+  std::int64_t ready_ns = 0;            ///< its first token (or passing probe with health.completion = false)
+};
+
+/// The switch's outage from `m`, in seconds: from stop_requested (start_requested when nothing
+/// was stopped) to ready, and its parts (negative spans read as 0). nullopt until a start and a
+/// ready are marked.
+std::optional<SwitchReport> switch_report_of(const SwitchMarks& m);
+
+/// The current wall-clock time in ns since the epoch, as SwitchMarks holds it.
+std::int64_t wall_clock_ns();
+
 /// One deployment, running or ended.
 struct Deployment {
   std::string id;                     ///< "20261129T193942Z-kimi-k2-5", unique, sortable by start
@@ -108,6 +126,7 @@ struct Deployment {
   /// Cleanup of the model's older revisions began (after health_checking, not cancellable): a
   /// restart that finds the deployment still in health_checking finishes it.
   bool cleanup_begun = false;
+  SwitchMarks switch_marks;  ///< what switch_report is computed from
   /// The start time in ns since the epoch: orders deployments started in one second (ids and
   /// started_at have whole seconds) when the history is read back from state_dir; 0 in records
   /// written before it was kept.

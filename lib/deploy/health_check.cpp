@@ -50,7 +50,7 @@ std::string_view step_name(health::Step s) {
   return "?";
 }
 // wait_model_ready with the real probes.
-boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config::ModelConfig& m,
+boost::asio::awaitable<Result<Readiness>> probe_until_ready(Services& s, const config::ModelConfig& m,
                                                        const sys::Fields& fields) {
   auto target = target_of(m);
   if (!target) co_return target.error();
@@ -78,7 +78,10 @@ boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config
     options.output = health::journal_output(s.disk_pool, unit,
                                             std::chrono::system_clock::now() - std::chrono::seconds(5), 10, {},
                                             std::move(journal.identifier));
+  Readiness marks;
   options.on_step = [&](health::Step step, const std::string& detail) {
+    if (step == health::Step::port) marks.port_ns = wall_clock_ns();
+    if (step == health::Step::ready) marks.ready_ns = wall_clock_ns();
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
     sys::Fields f = fields;
     f.extra.emplace_back("MODELD_READINESS_STEP", std::string(step_name(step)));
@@ -97,7 +100,11 @@ boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config
     sys::logf(sys::Level::warning, fields, "{}; treating {} as loading while it is alive, ignoring", why, unit);
   };
   auto ready = co_await health::wait_ready(s.local_client, s.units, unit, *target, options);
-  if (ready || options.output) co_return ready;
+  if (ready) {
+    if (!marks.ready_ns) marks.ready_ns = wall_clock_ns();
+    co_return marks;
+  }
+  if (options.output) co_return ready.error();
   Error e = ready.error();
   e.message += "; its output went to modeld's own standard output (no journald on this host)";
   co_return e;
@@ -105,11 +112,15 @@ boost::asio::awaitable<Result<void>> probe_until_ready(Services& s, const config
 
 }  // namespace
 
-boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& m, const sys::Fields& fields) {
-  return s.wait_ready ? s.wait_ready(m, fields) : probe_until_ready(s, m, fields);
+boost::asio::awaitable<Result<Readiness>> wait_model_ready(Services& s, const config::ModelConfig& m,
+                                                           const sys::Fields& fields) {
+  if (!s.wait_ready) co_return co_await probe_until_ready(s, m, fields);
+  if (auto r = co_await s.wait_ready(m, fields); !r) co_return r.error();
+  const auto now = wall_clock_ns();
+  co_return Readiness{now, now};
 }
 
-boost::asio::awaitable<Result<void>> run_health_checking(Services& s, const Run& run) {
+boost::asio::awaitable<Result<Readiness>> run_health_checking(Services& s, const Run& run) {
   co_return co_await wait_model_ready(s, run.model, run.fields());
 }
 

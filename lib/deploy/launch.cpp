@@ -105,8 +105,10 @@ boost::asio::awaitable<Result<Launched>> run_launching(Services& s, const Run& r
   if (auto r = co_await install_dropin(s, run.model); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "starting {} on port {} with {} -> {}", unit, run.model.serve.port,
             s.store.model_path(run.model.name).string(), commit.substr(0, 12));
-  Launched launched{co_await resident_at_launch(s, run)};
+  Launched launched;
+  launched.bytes_resident_at_launch = co_await resident_at_launch(s, run);
   // A unit left failed by an earlier attempt would refuse to start again.
+  launched.start_requested_ns = wall_clock_ns();
   if (auto r = co_await units::reset_failed_and_start(s.units, unit); !r) co_return r.error();
   co_return launched;
 }

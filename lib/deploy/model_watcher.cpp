@@ -151,7 +151,8 @@ std::vector<WatchdogStatus> ModelWatcher::statuses() const {
 
 asio::awaitable<Result<void>> ModelWatcher::ready(const config::ModelConfig& m, const sys::Fields& f) {
   if (options_.wait_ready) co_return co_await options_.wait_ready(m, f);
-  co_return co_await wait_model_ready(services_, m, f);
+  if (auto r = co_await wait_model_ready(services_, m, f); !r) co_return r.error();
+  co_return Result<void>{};
 }
 
 asio::awaitable<Result<void>> ModelWatcher::probe(const config::ModelConfig& m) {

@@ -70,8 +70,9 @@ class Decisions {
   /// Planning chose `commit`: recorded and persisted (awaited, written on the disk pool) before
   /// the revision folder is prepared, so a restart plans the same commit.
   virtual boost::asio::awaitable<void> commit_chosen(const std::string& commit) = 0;
-  /// stopping_old may send StopUnit next: `old_stopped` recorded and persisted (awaited) first, so
-  /// any failure, cancel or restart from here on rolls back.
+  /// stopping_old may send StopUnit next: `old_stopped` and the switch's stop-requested time (kept
+  /// from before a restart) recorded and persisted (awaited) first, so any failure, cancel or
+  /// restart from here on rolls back, and the outage is measured from here.
   virtual boost::asio::awaitable<void> stopping_old() = 0;
   /// Download progress (an observer): called on the event loop; must not block.
   virtual void progress(const fetch::Progress& p) = 0;
@@ -101,6 +102,33 @@ struct Downloaded {
   std::set<std::string> fetched;  ///< paths downloaded and hashed on arrival
 };
 
+/// When stopping_old found nothing of the old service left (ns since the epoch, a SwitchMarks
+/// mark); 0 when no model was active, so nothing was stopped.
+struct Stopped {
+  std::int64_t stop_done_ns = 0;
+};
+
+/// What launching did: when it asked for the new service's start (ns since the epoch, just before
+/// StartUnit) and the bytes of the new revision in the page cache right before (nullopt when it
+/// could not measure).
+struct Launched {
+  std::int64_t start_requested_ns = 0;
+  std::optional<std::uint64_t> bytes_resident_at_launch;
+};
+
+/// When a readiness wait saw the port accept a connection and the server ready (ns since the
+/// epoch); with the Services::wait_ready seam both are the moment it returned.
+struct Readiness {
+  std::int64_t port_ns = 0;
+  std::int64_t ready_ns = 0;
+};
+
+/// What rolling_back did: when it asked for the old service's start, and when that was ready.
+struct Restored {
+  Launched launched;
+  Readiness readiness;
+};
+
 /// What benchmarking measured; empty when disabled or failed (a failed benchmark is no failure).
 struct Benchmarked {
   std::optional<double> ttft_s;               ///< first-token latency, seconds
@@ -112,12 +140,6 @@ struct Benchmarked {
 struct Warmed {
   std::optional<WarmReport> report;
   std::string note;
-};
-
-/// What launching measured: bytes of the new revision in the page cache right before the
-/// service was started (nullopt when it could not measure).
-struct Launched {
-  std::optional<std::uint64_t> bytes_resident_at_launch;
 };
 
 /// What cleanup removed.
@@ -214,8 +236,9 @@ boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run
 
 /// stopping_old: check that the new revision's files are still the verified ones (unless
 /// planning put stopping_old first), record through `decisions` that the old model may go, then
-/// stop the active model's unit and wait until nothing of it is left.
-boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& run, Decisions& decisions);
+/// stop the active model's unit and wait until nothing of it is left (then, when it was stopped, its
+/// GPU memory back); returns when nothing of it was left.
+boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run& run, Decisions& decisions);
 
 /// warming: with serve.warm = "auto", warm_revision of the run's revision, cancellable, its
 /// progress reported to `decisions`; with "off", one journal line and nothing else.
@@ -249,14 +272,16 @@ std::uint64_t default_warm_reserve(std::uint64_t mem_total);
 boost::asio::awaitable<std::optional<std::uint64_t>> resident_at_launch(Services& s, const Run& run);
 
 /// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, measure
-/// what of the revision is in the page cache, start.
+/// what of the revision is in the page cache, start; returns when the start was asked for.
 boost::asio::awaitable<Result<Launched>> run_launching(Services& s, const Run& run);
 
-/// health_checking: wait for readiness within startup_timeout.
-boost::asio::awaitable<Result<void>> run_health_checking(Services& s, const Run& run);
+/// health_checking: wait for readiness within startup_timeout; returns when the port listened and
+/// the server was ready.
+boost::asio::awaitable<Result<Readiness>> run_health_checking(Services& s, const Run& run);
 
-/// Waits until the service of `model` is ready within its startup_timeout, logging each step (Services::wait_ready instead, when set).
-boost::asio::awaitable<Result<void>> wait_model_ready(Services& s, const config::ModelConfig& model,
+/// Waits until the service of `model` is ready within its startup_timeout, logging each step
+/// (Services::wait_ready instead, when set); returns when the port listened and it was ready.
+boost::asio::awaitable<Result<Readiness>> wait_model_ready(Services& s, const config::ModelConfig& model,
                                                       const sys::Fields& fields);
 
 /// benchmarking: measure first-token latency and decode rate when enabled; never fails (a
@@ -269,8 +294,9 @@ boost::asio::awaitable<Result<Benchmarked>> run_benchmarking(Services& s, const 
 boost::asio::awaitable<Result<Cleaned>> run_cleanup(Services& s, const Run& run, const std::string& keep_commit);
 
 /// rolling_back: stop the new service, restore the previous model's link and service, wait for
-/// its readiness. Returns rollback_failed when the old service cannot be restored.
-boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& run);
+/// its readiness, returning when its start was asked for and when it was ready. Returns
+/// rollback_failed when the old service cannot be restored.
+boost::asio::awaitable<Result<Restored>> run_rolling_back(Services& s, const Run& run);
 
 /// How long to wait for a unit to become inactive after StopUnit: its stop_timeout (the
 /// drop-in's TimeoutStopSec=, after which systemd sends SIGKILL to the whole cgroup) plus a

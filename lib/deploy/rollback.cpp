@@ -9,7 +9,7 @@
 
 namespace modeld::deploy {
 
-boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& run) {
+boost::asio::awaitable<Result<Restored>> run_rolling_back(Services& s, const Run& run) {
   const auto new_unit = units::serve_unit(run.model.name);
   const auto stop_timeout = run.model.serve.stop_timeout;
   sys::logf(sys::Level::warning, run.fields(), "stopping {}", new_unit);
@@ -41,12 +41,14 @@ boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& ru
   const auto old_unit = units::serve_unit(old->name);
   sys::logf(sys::Level::warning, run.fields(), "starting {} again (model {} at {})", old_unit, old->name,
             run.previous->commit.substr(0, 12));
+  const Launched launched{wall_clock_ns()};
   if (auto r = co_await units::reset_failed_and_start(s.units, old_unit); !r)
     co_return make_error(Errc::rollback_failed, r.error().message);
-  if (auto r = co_await wait_model_ready(s, *old, run.fields()); !r)
-    co_return make_error(Errc::rollback_failed, "the previous model did not become ready again: " + r.error().message);
+  auto ready = co_await wait_model_ready(s, *old, run.fields());
+  if (!ready)
+    co_return make_error(Errc::rollback_failed, "the previous model did not become ready again: " + ready.error().message);
   sys::logf(sys::Level::notice, run.fields(), "model {} serves again", old->name);
-  co_return Result<void>{};
+  co_return Restored{launched, *ready};
 }
 
 }  // namespace modeld::deploy

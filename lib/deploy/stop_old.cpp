@@ -148,7 +148,7 @@ asio::awaitable<Result<void>> wait_nothing_left(Services& s, const Run& run, con
 
 }  // namespace
 
-boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& run, Decisions& decisions) {
+boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run& run, Decisions& decisions) {
   // What can fail on the new revision's files fails here, while the old model still serves
   // (with downtime_first nothing is downloaded yet, and the old model is to go anyway).
   if (!run.record.downtime_first) {
@@ -158,7 +158,8 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& ru
   if (!run.previous) {
     if (auto r = co_await refuse_foreign_port_holder(s, run, "", 0); !r) co_return r.error();
     sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model is active");
-    co_return co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false);
+    if (auto r = co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false); !r) co_return r.error();
+    co_return Stopped{};
   }
   const auto unit = units::serve_unit(run.previous->model);
   const auto* old_cfg = s.config->find_model(run.previous->model);
@@ -188,6 +189,7 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& ru
   // process that left the cgroup, or a port released late, must not meet the new server.
   const auto deadline = t0 + stop_wait(timeout);
   if (auto r = co_await wait_nothing_left(s, run, unit, ports, t0, deadline); !r) co_return r.error();
+  const Stopped stopped{wall_clock_ns()};
   sys::logf(sys::Level::info, run.fields(), "{} stopped: its control group is empty and port{} {} free", unit,
             ports.size() > 1 ? "s" : "", fmt::join(ports, ", "));
   // A daemon restarted during launching or health_checking finds the new server running: its GPU
@@ -199,11 +201,12 @@ boost::asio::awaitable<Result<void>> run_stopping_old(Services& s, const Run& ru
     if (!running->empty()) {
       sys::logf(sys::Level::info, run.fields(), "{} runs already (a restarted daemon continues): not waiting for GPU "
                 "memory", new_unit);
-      co_return Result<void>{};
+      co_return stopped;
     }
   }
   // Workers that outlive their parent keep GPU memory until they exit (gpu-facts.md).
-  co_return co_await wait_gpu_memory_back(s, run, deadline, true);
+  if (auto r = co_await wait_gpu_memory_back(s, run, deadline, true); !r) co_return r.error();
+  co_return stopped;
 }
 
 }  // namespace modeld::deploy

@@ -116,6 +116,19 @@ std::string format_seconds(std::chrono::milliseconds d) {
   return fmt::format("{:.1f} s", static_cast<double>(d.count()) / 1000.0);
 }
 
+std::string format_span(double seconds) {
+  if (!(seconds > 0)) seconds = 0;
+  if (seconds < 60) return format_seconds(std::chrono::milliseconds(std::llround(seconds * 1000)));
+  const auto whole = std::llround(seconds);
+  if (whole < 3600) return fmt::format("{} min {} s", whole / 60, whole % 60);
+  return format_duration(std::chrono::seconds(whole));
+}
+
+std::string describe_switch(double downtime_s, double stop_s, double launch_s, double load_s, double readiness_s) {
+  return fmt::format("downtime {}: stop {}, launch {}, load {}, readiness {}", format_span(downtime_s),
+                     format_span(stop_s), format_span(launch_s), format_span(load_s), format_span(readiness_s));
+}
+
 std::string format_milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
 
 }  // namespace modeld::util

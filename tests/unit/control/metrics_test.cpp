@@ -459,3 +459,54 @@ TEST_CASE("a connection whose answer is not read gives its place to a new one fr
   CHECK(served.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
   CHECK(closed_by_server(unread.fds[0]));
 }
+
+// ---- the switch's outage ----
+
+namespace {
+
+// An ended deployment of `model` whose switch lasted `downtime_s` (none when negative).
+deploy::Deployment switched(const std::string& id, const std::string& model, double downtime_s) {
+  auto d = make_deployment(id, model, deploy::State::succeeded);
+  if (downtime_s >= 0) d.switch_report = deploy::SwitchReport{downtime_s, 1, 1, downtime_s - 3, 1};
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("switch downtimes start from the history: the newest per model, and every one in the histogram") {
+  FakeEngine e;
+  // Newest first, as the history is.
+  e.deployments = {switched("d4", "kimi-k2-5", 700), switched("d3", "llama", 12), switched("d2", "llama", -1),
+                   switched("d1", "llama", 40)};
+  MetricsCollector c(e);
+  const auto t = c.text();
+  check_exposition(t);
+  CHECK(sample(t, R"(modeld_switch_downtime_seconds{model="llama"})") == 12);
+  CHECK(sample(t, R"(modeld_switch_downtime_seconds{model="kimi-k2-5"})") == 700);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="10"})") == 0);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="30"})") == 1);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="60"})") == 2);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="600"})") == 2);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="1200"})") == 3);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="+Inf"})") == 3);
+  CHECK(sample(t, "modeld_switch_downtimes_seconds_count") == 3);
+  CHECK(sample(t, "modeld_switch_downtimes_seconds_sum") == 752);
+  // GET /metrics without a collector reads the same from the history.
+  CHECK(sample(metrics_text(e), R"(modeld_switch_downtime_seconds{model="llama"})") == 12);
+}
+
+TEST_CASE("a deployment that ends with a switch updates the model's gauge and the histogram, one without does not") {
+  FakeEngine e;
+  MetricsCollector c(e);
+  CHECK(c.text().find("modeld_switch_downtime_seconds{") == std::string::npos);
+  CHECK(sample(c.text(), "modeld_switch_downtimes_seconds_count") == 0);
+  e.deployments.insert(e.deployments.begin(), switched("d1", "llama", 4.5));
+  c.on_event(ended("d1", "succeeded"));
+  e.deployments.insert(e.deployments.begin(), switched("d2", "llama", -1));
+  c.on_event(ended("d2", "failed"));
+  const auto t = c.text();
+  CHECK(sample(t, R"(modeld_switch_downtime_seconds{model="llama"})") == 4.5);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="5"})") == 1);
+  CHECK(sample(t, R"(modeld_switch_downtimes_seconds_bucket{le="1"})") == 0);
+  CHECK(sample(t, "modeld_switch_downtimes_seconds_count") == 1);
+}

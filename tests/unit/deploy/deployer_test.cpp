@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -940,4 +941,126 @@ TEST_CASE("warming reads the index's shards first, sorted as loaders read them, 
                                  "model.safetensors.index.json", "tokenizer.json"});
   CHECK(deploy::default_warm_reserve(16ull << 30) == 8ull << 30);
   CHECK(deploy::default_warm_reserve(1000ull << 30) == 100ull << 30);
+}
+
+// ---- the switch's outage (DEPLOYMENT.switch) ----
+
+namespace {
+
+// The marks of a switch in the order they are to be taken.
+std::vector<std::int64_t> in_order(const deploy::SwitchMarks& m) {
+  return {m.stop_requested_ns, m.stop_done_ns, m.start_requested_ns, m.port_ns, m.ready_ns};
+}
+
+// The report's parts add up to its downtime, which spans `from` to ready (ns since the epoch).
+void check_adds_up(const deploy::Deployment& d, std::int64_t from) {
+  REQUIRE(d.switch_report);
+  const auto& w = *d.switch_report;
+  CHECK(w.downtime_s == Approx(w.stop_s + w.launch_s + w.start_to_port_s + w.port_to_ready_s).margin(1e-6));
+  CHECK(w.downtime_s == Approx(static_cast<double>(d.switch_marks.ready_ns - from) / 1e9).margin(1e-6));
+}
+
+}  // namespace
+
+TEST_CASE("a switch takes its marks in order, the stop request durably before StopUnit, and reports them") {
+  Fixture fx;
+  fx.units.gates["stop " + kOldUnit].armed = true;
+  fx.boot();
+  const auto before = deploy::wall_clock_ns();
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.units.gates["stop " + kOldUnit].waiting == 1; }));
+  // What a daemon killed now would read back: the stop was asked for, the outage has begun.
+  auto held = fx.states.load_history(10);
+  REQUIRE_FALSE(held.empty());
+  CHECK(held.front().old_stopped);
+  CHECK(held.front().switch_marks.stop_requested_ns >= before);
+  CHECK_FALSE(held.front().switch_report);
+  fx.units.gates["stop " + kOldUnit].release();
+  auto end = fx.wait_end(d.id);
+  check_new_serves(fx, end);
+  const auto marks = in_order(end.switch_marks);
+  CHECK(marks.front() >= before);
+  CHECK(std::is_sorted(marks.begin(), marks.end()));
+  check_adds_up(end, end.switch_marks.stop_requested_ns);
+  // Persisted with the record, and shown in the API.
+  auto hist = fx.states.load_history(10);
+  REQUIRE(hist.front().switch_report);
+  CHECK(hist.front().switch_marks.ready_ns == end.switch_marks.ready_ns);
+  CHECK(deploy::to_json(end)["switch"]["downtime_s"].get<double>() == end.switch_report->downtime_s);
+  CHECK_FALSE(deploy::to_json(end).contains("switch_marks"));
+}
+
+TEST_CASE("with nothing serving the outage runs from the start of the new service") {
+  Fixture fx;
+  fx.units.states[kOldUnit] = "inactive";
+  REQUIRE(fx.states.save(deploy::DaemonState{}).has_value());
+  fx.boot();
+  auto end = fx.wait_end(fx.deploy("new").id);
+  REQUIRE(end.state == State::succeeded);
+  CHECK(end.switch_marks.stop_requested_ns == 0);
+  CHECK(end.switch_marks.stop_done_ns == 0);
+  check_adds_up(end, end.switch_marks.start_requested_ns);
+  CHECK(end.switch_report->stop_s == 0);
+  CHECK(end.switch_report->launch_s == 0);
+}
+
+TEST_CASE("after a restart mid-switch the persisted stop marks count, so the outage includes the restart") {
+  const auto recorded = GENERATE(Phase::launching, Phase::health_checking);
+  CAPTURE(deploy::to_string(recorded));
+  Fixture fx;
+  fx.leave_crashed_in(recorded);
+  // The first daemon asked the old service to stop 100 s ago and saw it gone 95 s ago.
+  auto crashed = fx.states.load_history(1).front();
+  const auto now = deploy::wall_clock_ns();
+  crashed.switch_marks.stop_requested_ns = now - 100'000'000'000;
+  crashed.switch_marks.stop_done_ns = now - 95'000'000'000;
+  crashed.switch_marks.start_requested_ns = now - 94'000'000'000;
+  REQUIRE(fx.states.save_deployment(crashed).has_value());
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  check_new_serves(fx, end, true);
+  CHECK(end.switch_marks.stop_requested_ns == crashed.switch_marks.stop_requested_ns);
+  CHECK(end.switch_marks.stop_done_ns == crashed.switch_marks.stop_done_ns);
+  check_adds_up(end, crashed.switch_marks.stop_requested_ns);
+  CHECK(end.switch_report->downtime_s >= 100);
+  CHECK(end.switch_report->stop_s == Approx(5).margin(1e-6));
+}
+
+TEST_CASE("a rolled back switch reports the outage until the old model serves again") {
+  Fixture fx;
+  fx.boot();
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  const auto before = deploy::wall_clock_ns();
+  auto end = fx.wait_end(fx.deploy("new").id);
+  check_old_restored(fx, end);
+  const auto marks = in_order(end.switch_marks);
+  CHECK(marks.front() >= before);
+  CHECK(std::is_sorted(marks.begin(), marks.end()));
+  check_adds_up(end, end.switch_marks.stop_requested_ns);
+  CHECK(fx.states.load_history(1).front().switch_report);
+}
+
+TEST_CASE("a deployment that stopped nothing and started nothing has no switch") {
+  Fixture fx;
+  fx.boot();
+  fx.on_phase = [&](const nlohmann::json& j) {
+    if (j["phase"] == "verifying") (void)fx.deployer->cancel(j["id"].get<std::string>());
+  };
+  auto end = fx.wait_end(fx.deploy("new").id);
+  CHECK(end.state == State::cancelled);
+  CHECK_FALSE(end.switch_report);
+  CHECK(in_order(end.switch_marks) == std::vector<std::int64_t>(5, 0));
+  CHECK(deploy::to_json(end)["switch"].is_null());
+}
+
+TEST_CASE("a failed start that never became ready has no switch") {
+  Fixture fx;
+  fx.units.states[kOldUnit] = "inactive";
+  REQUIRE(fx.states.save(deploy::DaemonState{}).has_value());
+  fx.boot();
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  auto end = fx.wait_end(fx.deploy("new").id);
+  CHECK(end.state == State::failed);
+  CHECK(end.switch_marks.start_requested_ns != 0);
+  CHECK_FALSE(end.switch_report);
 }

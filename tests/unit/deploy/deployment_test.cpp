@@ -152,3 +152,58 @@ TEST_CASE("a record keeps whether it changed anything, its warming and its switc
   CHECK_FALSE(older->warm);
   CHECK_FALSE(older->switch_report);
 }
+
+TEST_CASE("a switch's report runs from the stop request to ready, its parts between the marks") {
+  constexpr std::int64_t s = 1'000'000'000;
+  SwitchMarks m{100 * s, 104 * s, 105 * s, 227 * s, 232 * s};
+  auto r = switch_report_of(m);
+  REQUIRE(r);
+  CHECK(r->downtime_s == Approx(132));
+  CHECK(r->stop_s == Approx(4));
+  CHECK(r->launch_s == Approx(1));
+  CHECK(r->start_to_port_s == Approx(122));
+  CHECK(r->port_to_ready_s == Approx(5));
+}
+
+TEST_CASE("with nothing stopped a switch runs from the start request, and without a port mark the load runs to ready") {
+  constexpr std::int64_t s = 1'000'000'000;
+  auto r = switch_report_of(SwitchMarks{0, 0, 10 * s, 0, 13 * s});
+  REQUIRE(r);
+  CHECK(r->downtime_s == Approx(3));
+  CHECK(r->stop_s == 0);
+  CHECK(r->launch_s == 0);
+  CHECK(r->start_to_port_s == Approx(3));
+  CHECK(r->port_to_ready_s == 0);
+}
+
+TEST_CASE("a switch has no report until a start and a ready are marked, and spans backwards read as 0") {
+  constexpr std::int64_t s = 1'000'000'000;
+  CHECK_FALSE(switch_report_of(SwitchMarks{}));
+  CHECK_FALSE(switch_report_of(SwitchMarks{1 * s, 2 * s, 0, 0, 0}));
+  CHECK_FALSE(switch_report_of(SwitchMarks{1 * s, 2 * s, 3 * s, 4 * s, 0}));
+  // A wall clock set back between two marks.
+  auto r = switch_report_of(SwitchMarks{10 * s, 9 * s, 12 * s, 11 * s, 14 * s});
+  REQUIRE(r);
+  CHECK(r->stop_s == 0);
+  CHECK(r->start_to_port_s == 0);
+  CHECK(r->downtime_s == Approx(4));
+}
+
+TEST_CASE("a record keeps its switch marks as bookkeeping, never in the API, and an older record reads as unmarked") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.started_at = "2026-01-01T00:00:00Z";
+  d.switch_marks = SwitchMarks{1, 2, 3, 4, 5};
+  CHECK_FALSE(to_json(d).contains("switch_marks"));
+  auto back = deployment_from_json(to_json(d, true));
+  REQUIRE(back.has_value());
+  CHECK(back->switch_marks.stop_requested_ns == 1);
+  CHECK(back->switch_marks.stop_done_ns == 2);
+  CHECK(back->switch_marks.start_requested_ns == 3);
+  CHECK(back->switch_marks.port_ns == 4);
+  CHECK(back->switch_marks.ready_ns == 5);
+  auto older = deployment_from_json(to_json(d, false));
+  REQUIRE(older.has_value());
+  CHECK(older->switch_marks.ready_ns == 0);
+}

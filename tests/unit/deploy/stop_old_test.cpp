@@ -97,8 +97,12 @@ struct Fixture {
     deploy::Run run{.record = record, .model = *services.config->find_model("new"),
                     .previous = deploy::ActiveRecord{"old", kCommit, ""}};
     Decisions decisions(record);
-    return test::run(ioc, deploy::run_stopping_old(services, run, decisions));
+    auto stopped = test::run(ioc, deploy::run_stopping_old(services, run, decisions));
+    if (!stopped) return stopped.error();
+    stop_done_ns = stopped->stop_done_ns;
+    return {};
   }
+  std::int64_t stop_done_ns = 0;  ///< what the last stopping_old() returned
 };
 
 }  // namespace
@@ -120,4 +124,14 @@ TEST_CASE("stopping_old stops the old model when the new revision is as verified
   INFO((r ? std::string("ok") : r.error().message));
   CHECK(f.units.calls == std::vector<std::string>{"stop"});
   CHECK(f.record.old_stopped);
+}
+
+TEST_CASE("stopping_old returns when nothing of the old model was left, after it asked for the stop") {
+  Fixture f;
+  const auto before = deploy::wall_clock_ns();
+  auto r = f.stopping_old();
+  INFO((r ? std::string("ok") : r.error().message));
+  REQUIRE(r.has_value());
+  CHECK(f.stop_done_ns >= before);
+  CHECK(f.stop_done_ns <= deploy::wall_clock_ns());
 }
