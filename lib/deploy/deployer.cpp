@@ -490,8 +490,39 @@ asio::awaitable<Result<void>> Deployer::run_step(Running& r, Step s) {
       if (w) co_await apply_warm(r, w->report, std::nullopt);
       co_return w ? Result<void>{} : Result<void>{w.error()};
     }
+    case Step::stopping_old:
+    case Step::launching:
+    case Step::health_checking: co_return co_await run_switch_step(r, s);
+    case Step::cleanup: {
+      // Not cancellable: bound to a signal nothing emits. A failure is logged; the model serves.
+      asio::cancellation_signal never;
+      auto body = run_cleanup(sv, run, *r.record.commit);
+      auto c = co_await in_child(io_, never.slot(), body, name);
+      if (!c) sys::logf(sys::Level::warning, run.fields(), "cannot remove older revisions: {}", c.error().message);
+      co_return Result<void>{};
+    }
+    case Step::benchmarking: {
+      auto body = run_benchmarking(sv, run);
+      auto b = co_await in_child(io_, slot, body, name);
+      if (!b) co_return b.error();
+      r.record.benchmark_ttft_s = b->ttft_s;
+      r.record.benchmark_decode_tokens_per_s = b->decode_tokens_per_s;
+      co_await persist_now(r.record);
+      co_return Result<void>{};
+    }
+  }
+  co_return make_error(Errc::internal, "unknown step");
+}
+
+// The steps of the switch, each applying the marks of the outage it returns (DEPLOYMENT.switch).
+asio::awaitable<Result<void>> Deployer::run_switch_step(Running& r, Step s) {
+  auto& sv = r.services;
+  const auto& run = *r.run;
+  const auto slot = r.cancel.slot();
+  const auto name = to_string(s);
+  switch (s) {
     case Step::stopping_old: {
-      auto body = run_stopping_old(sv, run, decisions);
+      auto body = run_stopping_old(sv, run, *r.decisions);
       auto stopped = co_await in_child(io_, slot, body, name);
       if (!stopped) co_return stopped.error();
       co_await apply_stopped(r, *stopped);
@@ -515,25 +546,9 @@ asio::awaitable<Result<void>> Deployer::run_step(Running& r, Step s) {
       if (!r.record.cancel_requested) co_await apply_healthy(r);
       co_return Result<void>{};
     }
-    case Step::cleanup: {
-      // Not cancellable: bound to a signal nothing emits. A failure is logged; the model serves.
-      asio::cancellation_signal never;
-      auto body = run_cleanup(sv, run, *r.record.commit);
-      auto c = co_await in_child(io_, never.slot(), body, name);
-      if (!c) sys::logf(sys::Level::warning, run.fields(), "cannot remove older revisions: {}", c.error().message);
-      co_return Result<void>{};
-    }
-    case Step::benchmarking: {
-      auto body = run_benchmarking(sv, run);
-      auto b = co_await in_child(io_, slot, body, name);
-      if (!b) co_return b.error();
-      r.record.benchmark_ttft_s = b->ttft_s;
-      r.record.benchmark_decode_tokens_per_s = b->decode_tokens_per_s;
-      co_await persist_now(r.record);
-      co_return Result<void>{};
-    }
+    default: break;
   }
-  co_return make_error(Errc::internal, "unknown step");
+  co_return make_error(Errc::internal, "not a step of the switch");
 }
 
 asio::awaitable<void> Deployer::apply_planned(Running& r, Planned& p) {

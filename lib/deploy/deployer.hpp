@@ -109,6 +109,8 @@ class Deployer final : public Engine {
   boost::asio::awaitable<std::optional<Error>> run_steps(Running& r, Step first);
   // Records step `s` (its phase, or cleanup_begun), runs its phase and applies its result.
   boost::asio::awaitable<Result<void>> run_step(Running& r, Step s);
+  // stopping_old, launching and health_checking: run_step's part for the switch.
+  boost::asio::awaitable<Result<void>> run_switch_step(Running& r, Step s);
   // Enters step `s`: its phase recorded and announced, or for cleanup cleanup_begun recorded.
   boost::asio::awaitable<void> enter_step(Running& r, Step s);
   // Applies what planning found (and the plan it decided) to the run and the record.
