@@ -28,7 +28,9 @@ boost::asio::awaitable<Result<void>> run_rolling_back(Services& s, const Run& ru
   auto switched = co_await util::on_pool<Result<void>>(
       s.disk_pool, [&] { return s.store.switch_link(old->name, run.previous->commit); });
   if (!switched) co_return make_error(Errc::rollback_failed, switched.error().message);
-  if (auto r = co_await install_dropin(s, *old); !r) co_return make_error(Errc::rollback_failed, r.error().message);
+  // The old server as it ran (its recorded settings), not as today's configuration renders it.
+  if (auto r = co_await install_dropin(s, *old, run.record.previous_started); !r)
+    co_return make_error(Errc::rollback_failed, r.error().message);
   const auto old_unit = units::serve_unit(old->name);
   sys::logf(sys::Level::warning, run.fields(), "starting {} again (model {} at {})", old_unit, old->name,
             run.previous->commit.substr(0, 12));
