@@ -581,6 +581,11 @@ asio::awaitable<void> Deployer::save_state(const sys::Fields& f) {
 void Deployer::record_started(const std::string& model, const std::optional<StartedSettings>& settings) {
   if (!state_.active || state_.active->model != model) return;
   state_.active.services.front().started = settings;
+  // The watchdog restarted it while a deployment still downloads: a rollback restores this one.
+  if (running_ && !running_->record.old_stopped && running_->record.previous_model == model) {
+    running_->record.previous_started = settings;
+    persist(running_->record);
+  }
   sys::Fields f;
   f.model = model;
   asio::co_spawn(io_, [this, f]() -> asio::awaitable<void> { co_await save_state(f); },
