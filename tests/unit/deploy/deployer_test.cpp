@@ -1028,3 +1028,24 @@ TEST_CASE("a service the model watcher starts again is recorded with the setting
   fx.units.states[kOldUnit] = "failed";
   REQUIRE(fx.run_until([&] { return fx.units.state_of(kOldUnit) == "active" && recorded_started(fx) == fx.started_now("old"); }));
 }
+
+TEST_CASE("a watchdog restart while a deployment downloads is what that deployment's rollback restores") {
+  Fixture fx;
+  auto started = fx.started_now("old");
+  started.environment["OLD_ONLY"] = "1";
+  fx.cfg->models["old"].health.watch_interval = 10ms;
+  serve_old_started_with(fx, started);
+  fx.file_gate.armed = true;
+  const auto id = fx.deploy("new").id;
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting > 0; }));
+  fx.units.states[kOldUnit] = "failed";
+  REQUIRE(fx.run_until([&] {
+    auto d = fx.deployer->get(id);
+    return d && d->previous_started == fx.started_now("old");
+  }));
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  fx.file_gate.release();
+  auto end = fx.wait_end(id);
+  check_old_restored(fx, end);
+  CHECK(fx.units.dropins[kOldUnit].find("OLD_ONLY") == std::string::npos);
+}
