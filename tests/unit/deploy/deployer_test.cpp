@@ -1049,3 +1049,15 @@ TEST_CASE("a watchdog restart while a deployment downloads is what that deployme
   check_old_restored(fx, end);
   CHECK(fx.units.dropins[kOldUnit].find("OLD_ONLY") == std::string::npos);
 }
+
+TEST_CASE("a redeploy of the model that serves with the same settings restarts it when its unit is not active") {
+  Fixture fx;
+  serve_old_started_with(fx, fx.started_now("old"));
+  fx.units.states[kOldUnit] = "activating";
+  auto end = fx.wait_end(fx.deploy("old").id);
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == State::succeeded);
+  CHECK(end.changed);
+  CHECK(fx.position("start " + kOldUnit) >= 0);
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+}
