@@ -172,7 +172,7 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
   }
 }
 
-int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downtime) {
+int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downtime, bool restart) {
   // Subscribe first, so that no event of the new deployment can slip by.
   std::optional<modelctl::EventStream> events;
   if (wait) {
@@ -180,6 +180,7 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
     if (auto r = events->open(); !r) return unreachable(c.daemon, r.error());
   }
   json body{{"model", name}, {"allow_downtime", allow_downtime}};
+  if (restart) body["restart"] = true;
   auto r = c.daemon.call("POST", "/v1/deployments", modeld::util::dump_json(body));
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 202) {
@@ -211,7 +212,9 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
   if (!f) return exit_failed;
   const std::string state = f->value("state", "");
   if (!c.json) {
-    if (state == "succeeded")
+    if (state == "succeeded" && !f->value("changed", true))
+      fmt::print("Deployment {} {}: {} already serving, nothing to do\n", id, c.style.state(state), name);
+    else if (state == "succeeded")
       fmt::print("Deployment {} {}\n", id, c.style.state(state));
     else
       fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), modelctl::str(*f, "phase", "?"));
@@ -334,7 +337,7 @@ struct CommandLine {
   CLI::App *status = nullptr, *models = nullptr, *deploy = nullptr, *cancel = nullptr, *plan = nullptr,
            *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr;
   std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name;
-  bool wait = false, allow_downtime = false, follow = false;
+  bool wait = false, allow_downtime = false, restart = false, follow = false;
 };
 
 // Declares the options and subcommands of `app`, parsed into `cl`.
@@ -357,6 +360,8 @@ void define_commands(CLI::App& app, CommandLine& cl) {
   cl.deploy->add_flag("--wait", cl.wait, "follow the deployment to its end");
   cl.deploy->add_flag("--allow-downtime", cl.allow_downtime,
                       "stop the active model before freeing disk when it must be evicted");
+  cl.deploy->add_flag("--restart", cl.restart,
+                      "restart the model even when it already serves that commit with the same settings");
   cl.cancel = sub("cancel", "cancel the running deployment");
   cl.plan = sub("plan", "dry run: what a deployment would fetch and evict");
   cl.plan->add_option("NAME", cl.plan_name, "model")->required()->check(kModelName);
@@ -389,7 +394,7 @@ int run_command(CommandLine& cl) {
 
   if (cl.status->parsed()) return cmd_status(c);
   if (cl.models->parsed()) return cmd_models(c);
-  if (cl.deploy->parsed()) return cmd_deploy(c, cl.deploy_name, cl.wait, cl.allow_downtime);
+  if (cl.deploy->parsed()) return cmd_deploy(c, cl.deploy_name, cl.wait, cl.allow_downtime, cl.restart);
   if (cl.cancel->parsed()) return cmd_cancel(c);
   if (cl.plan->parsed()) return cmd_plan(c, cl.plan_name, cl.allow_downtime);
   if (cl.verify->parsed()) return cmd_verify(c, cl.verify_name);

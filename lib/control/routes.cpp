@@ -28,7 +28,7 @@ using nlohmann::json;
 constexpr std::size_t default_history_limit = 100;
 constexpr std::size_t max_history_limit = 10000;
 // The fields of POST /v1/deployments, named in the error for an unknown one.
-constexpr const char* kDeployFields = "model, allow_downtime";
+constexpr const char* kDeployFields = "model, allow_downtime, restart";
 
 Response json_response(unsigned status, const json& body) {
   Response r;
@@ -157,6 +157,7 @@ Result<void> read_deploy_field(const std::string& key, const json& value, deploy
     return {};
   }
   if (key == "allow_downtime") return read_bool_field(key, value, r.allow_downtime);
+  if (key == "restart") return read_bool_field(key, value, r.restart);
   return make_error(Errc::bad_request, fmt::format("unknown field \"{}\" (known: {})", key, kDeployFields));
 }
 

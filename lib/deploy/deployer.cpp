@@ -1,4 +1,5 @@
 #include "deploy/deployer.hpp"
+#include "deploy/redeploy.hpp"
 #include "util/json.hpp"
 
 #include "fetch/fetch.hpp"
@@ -125,6 +126,9 @@ Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, 
     e.watcher = w;
     publish(e);
   });
+  watcher_->on_started([this](const std::string& model, const std::optional<StartedSettings>& settings) {
+    record_started(model, settings);
+  });
 }
 
 Deployer::~Deployer() = default;
@@ -181,6 +185,7 @@ asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) 
   const auto unit = units::serve_unit(m->name);
   // GCC 12 miscompiles co_await inside a conditional expression: keep them as statements.
   Result<units::UnitStatus> st = make_error(Errc::internal, "not queried");
+  // A server that runs keeps the settings it was started with (recorded): only the file changes.
   auto installed = co_await install_dropin(services_, *m);
   if (installed)
     st = co_await services_.units.status(unit);
@@ -214,6 +219,7 @@ asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) 
       sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
     else
       started_unit = true;
+    if (started_unit) record_started(m->name, *installed);
   }
 }
 
@@ -376,11 +382,13 @@ Result<Deployment> Deployer::start(const DeployRequest& request) {
   d.id = new_id(model, now);
   d.model = model;
   d.allow_downtime = request.allow_downtime;
+  d.restart = request.restart;
   d.started_at = util::rfc3339(now);
   d.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   if (state_.active) {
     d.previous_model = state_.active->model;
     d.previous_commit = state_.active->commit;
+    d.previous_started = state_.active->started;
   }
   sys::Fields f;
   f.deployment = d.id;
@@ -621,21 +629,77 @@ asio::awaitable<void> Deployer::apply_healthy(Running& r) {
   const auto& d = r.record;
   auto now = util::rfc3339(std::chrono::system_clock::now());
   if (state_.active) state_.last_active[state_.active->model] = now;
-  state_.active = ActiveRecord{d.model, *d.commit, now};
+  // What launching's drop-in holds: rendered from the same configuration by the same code.
+  state_.active = ActiveRecord{d.model, *d.commit, now, started_settings(r.services, r.run->model)};
   state_.last_active[d.model] = now;
   r.new_serves = true;
   co_await save_state(r);
 }
 
 bool Deployer::serves_new(const Deployment& d) const {
+  // A restart of the commit that serves (its settings changed, or asked for) finds the state
+  // naming that commit from the start: only its own health check says the new server serves.
+  if (d.previous_model == d.model && d.previous_commit == d.commit) return false;
   return state_.active && state_.active->model == d.model && state_.active->commit == d.commit;
 }
 
 asio::awaitable<void> Deployer::save_state(Running& r) {
+  const sys::Fields f = r.run->fields();
+  co_await save_state(f);
+}
+
+asio::awaitable<void> Deployer::save_state(const sys::Fields& f) {
   const DaemonState copy = state_;
   auto& states = states_;
   auto s = co_await util::on_executor<Result<void>>(writes_, [&] { return states.save(copy); });
-  if (!s) sys::logf(sys::Level::error, r.run->fields(), "cannot record the active model: {}", s.error().message);
+  if (!s) sys::logf(sys::Level::error, f, "cannot record the active model: {}", s.error().message);
+}
+
+void Deployer::record_started(const std::string& model, const std::optional<StartedSettings>& settings) {
+  if (!state_.active || state_.active->model != model) return;
+  state_.active.services.front().started = settings;
+  // The watchdog restarted it while a deployment still downloads: a rollback restores this one.
+  if (running_ && !running_->record.old_stopped && running_->record.previous_model == model) {
+    running_->record.previous_started = settings;
+    persist(running_->record);
+  }
+  sys::Fields f;
+  f.model = model;
+  asio::co_spawn(io_, [this, f]() -> asio::awaitable<void> { co_await save_state(f); },
+                 sys::log_failure("recording the settings of " + model, f));
+}
+
+asio::awaitable<bool> Deployer::already_serves(Running& r) {
+  auto& d = r.record;
+  std::optional<ActiveRecord> active;
+  if (state_.active) active = *state_.active;
+  const auto check = compare_with_serving(d, active, started_settings(r.services, r.run->model));
+  if (check.verdict == Redeploy::not_serving) co_return false;
+  const auto f = r.run->fields();
+  if (check.verdict != Redeploy::noop) {
+    sys::logf(sys::Level::notice, f, "restarting {}: {}", d.model, check.why);
+    co_return false;
+  }
+  // One readiness check, the watchdog's probe: a model that does not answer is restarted.
+  auto probe = [this](const config::ModelConfig& m) { return watcher_->probe_once(m); };
+  if (auto why = co_await not_ready_reason(r.services, *r.run, probe)) {
+    sys::logf(sys::Level::notice, f, "restarting {}: it serves commit {} but is not ready ({})", d.model,
+              d.commit->substr(0, 12), *why);
+    co_return false;
+  }
+  d.changed = false;
+  co_await persist_now(d);
+  co_return true;
+}
+
+void Deployer::log_nothing_to_do(const Running& r, std::size_t next) const {
+  const auto& d = r.record;
+  for (std::size_t i = next; i < r.steps.size(); ++i) {
+    sys::Fields f = r.run->fields();
+    f.phase = std::string(to_string(phase_of(r.steps[i].step)));
+    sys::logf(sys::Level::info, f, "{}: nothing to do: {} already serves commit {} with the same settings",
+              to_string(r.steps[i].step), d.model, d.commit->substr(0, 12));
+  }
 }
 
 asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first) {
@@ -665,6 +729,15 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
     // A phase cut short by a cancel once the new model serves (the benchmark) skips only itself.
     if (!res && !(d.cancel_requested && r.new_serves))
       co_return d.cancel_requested ? make_error(Errc::cancelled, "cancelled by the user") : res.error();
+    // Planning resolved the commit: the model that serves it with the same settings stays as it is.
+    // (GCC 12: no co_await in a conditional expression.)
+    if (step.step == Step::planning && res && !d.cancel_requested) {
+      const bool serves = co_await already_serves(r);
+      if (serves) {
+        log_nothing_to_do(r, i + 1);
+        co_return std::nullopt;
+      }
+    }
   }
   // A cancel that came as the last step began found nothing to stop: it ends the deployment now.
   if (d.cancel_requested && !r.new_serves) co_return make_error(Errc::cancelled, "cancelled by the user");
@@ -673,7 +746,7 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
 
 asio::awaitable<bool> Deployer::must_roll_back(Running& r, const Error& failure) {
   auto& d = r.record;
-  if (!d.old_stopped || !d.previous_model || serves_new(d)) {
+  if (!d.old_stopped || !d.previous_model || r.new_serves || serves_new(d)) {
     const std::optional<Error> why = failure;
     co_await finish(r, failure.code == Errc::cancelled ? State::cancelled : State::failed, why);
     co_return false;
@@ -777,8 +850,8 @@ asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optio
     default: f.message_id = message_id::failed; break;
   }
   if (state == State::succeeded)
-    sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves on port {}", d.id, d.model,
-              d.commit->substr(0, 12), r.run->model.serve.port);
+    sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves on port {}{}", d.id, d.model,
+              d.commit->substr(0, 12), r.run->model.serve.port, d.changed ? "" : " (nothing changed)");
   else {
     if (d.error)
       for (const auto& file : d.error->files) f.extra.emplace_back("MODELD_FILE", file);

@@ -133,10 +133,21 @@ class Deployer final : public Engine {
   boost::asio::awaitable<bool> must_roll_back(Running& r, const Error& failure);
   // rolling_back, not cancellable, then the end of the deployment.
   boost::asio::awaitable<void> roll_back(Running& r);
-  // Whether the daemon's state says that deployment `d`'s model at its commit serves.
+  // Whether the daemon's state says that deployment `d`'s model at its commit serves (never for
+  // a restart of the commit that served when it started).
   bool serves_new(const Deployment& d) const;
   // Writes state.json on the disk pool (awaited), logging (not failing) when it cannot.
   boost::asio::awaitable<void> save_state(Running& r);
+  boost::asio::awaitable<void> save_state(const sys::Fields& f);
+  // The service of `model`, the active one, was started with `settings` (nullopt: unknown):
+  // recorded in state.json (written in the background).
+  void record_started(const std::string& model, const std::optional<StartedSettings>& settings);
+  // After planning: whether the deployment's model already serves its commit with the same
+  // started settings and is ready (then the record says changed: false, persisted); logs why it
+  // restarts the model otherwise (settings changed, restart requested, not ready).
+  boost::asio::awaitable<bool> already_serves(Running& r);
+  // The journal line "nothing to do" of each step of the plan from index `next` on.
+  void log_nothing_to_do(const Running& r, std::size_t next) const;
   // The step an interrupted deployment continues from; nullopt: it rolls back.
   static std::optional<Step> resume_step(const Deployment& d);
   // At start: the active model's drop-in rewritten and its unit started unless it runs; sets

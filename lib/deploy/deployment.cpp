@@ -184,6 +184,8 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["cleanup_begun"] = d.cleanup_begun;
     j["started_ns"] = d.started_ns;
     j["switch_marks"] = marks_json(d.switch_marks);
+    j["restart"] = d.restart;
+    if (d.previous_started) j["previous_started"] = to_json(*d.previous_started);
   }
   return j;
 }
@@ -232,6 +234,12 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.cleanup_begun = j.value("cleanup_begun", false);
     d.started_ns = j.value("started_ns", std::int64_t{0});
     if (j.contains("switch_marks")) d.switch_marks = marks_from_json(j["switch_marks"]);
+    d.restart = j.value("restart", false);
+    if (j.contains("previous_started") && j["previous_started"].is_object()) {
+      auto st = started_settings_from_json(j["previous_started"]);
+      if (!st) return st.error();
+      d.previous_started = std::move(*st);
+    }
     return d;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());

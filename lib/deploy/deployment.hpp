@@ -2,6 +2,7 @@
 // The deployment record: what the API calls DEPLOYMENT (interface.md "Control API"), its
 // phases and states, and its JSON form (the same in the API, the SSE stream and state_dir).
 
+#include "deploy/started.hpp"
 #include "util/error.hpp"
 
 #include <nlohmann/json_fwd.hpp>
@@ -118,6 +119,12 @@ struct Deployment {
   // Internal bookkeeping that lets a restarted daemon continue or roll back (also persisted).
   std::optional<std::string> previous_model;   ///< the model that served when it started
   std::optional<std::string> previous_commit;
+  /// The settings the previous model's service was started with, when recorded: rolling_back
+  /// starts it again with exactly these, not as today's configuration would render it.
+  std::optional<StartedSettings> previous_started;
+  /// `"restart": true` was asked for: restart the model even when it already serves that commit
+  /// with the same settings.
+  bool restart = false;
   bool old_stopped = false;                    ///< stopping_old began: a failure or cancel now rolls back
   /// allow_downtime and the disk plan must evict the active model: stopping_old runs right after
   /// planning, before freeing_disk (interface.md "Deployment phases and states").

@@ -156,6 +156,7 @@ nlohmann::json event_json(const Event& e);
 struct DeployRequest {
   std::string model;
   bool allow_downtime = false;
+  bool restart = false;  ///< restart the model even when it already serves that commit with the same settings
 };
 
 /// What the control plane may ask of the deployment engine. All calls happen on the

@@ -39,35 +39,50 @@ std::string seconds(std::chrono::milliseconds d) {
 
 }  // namespace
 
+StartedSettings started_settings(const config::ModelConfig& model, const std::filesystem::path& model_dir) {
+  return StartedSettings{config::expand_command(model, model_dir), model.serve.environment, model_dir.string(),
+                         model.serve.gpus};
+}
+
 std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir) {
+  return render_dropin(model, started_settings(model, model_dir));
+}
+
+std::string render_dropin(const config::ModelConfig& model, const StartedSettings& started) {
   std::string out = fmt::format(
       "# Written by modeld for model {} from {}; rewritten at every daemon start. Do not edit:\n"
       "# put your own settings in another drop-in of this folder.\n"
       "[Unit]\nDescription=modeld model service {} ({})\n\n[Service]\n",
       model.name, model.source_file.string(), model.name, model.repo);
-  auto argv = config::expand_command(model, model_dir);
+  const auto& argv = started.command;
   out += "ExecStart=\nExecStart=";
   for (std::size_t i = 0; i < argv.size(); ++i) out += (i ? " " : "") + quote(argv[i]);
   out += "\n";
   // WorkingDirectory= takes the rest of the line as the path and no quotes (a quoted value makes
   // systemd 252 drop the settings after it); only specifiers need escaping.
   std::string dir;
-  for (char c : model_dir.string()) dir += c == '%' ? std::string("%%") : std::string(1, c);
+  for (char c : started.working_directory) dir += c == '%' ? std::string("%%") : std::string(1, c);
   out += fmt::format("WorkingDirectory={}\n", dir);
-  for (const auto& [k, v] : model.serve.environment) out += "Environment=" + quote(k + "=" + v, false) + "\n";
+  for (const auto& [k, v] : started.environment) out += "Environment=" + quote(k + "=" + v, false) + "\n";
   // modeld enforces startup_timeout itself (it can be hours), so systemd must not give up first.
   out += "TimeoutStartSec=infinity\n";
   out += fmt::format("TimeoutStopSec={}\n", seconds(model.serve.stop_timeout));
   return out;
 }
 
-boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::ModelConfig& model) {
+StartedSettings started_settings(Services& s, const config::ModelConfig& model) {
+  return started_settings(model, s.store.model_path(model.name));
+}
+
+boost::asio::awaitable<Result<StartedSettings>> install_dropin(Services& s, const config::ModelConfig& model,
+                                                               const std::optional<StartedSettings>& started) {
   const auto unit = units::serve_unit(model.name);
+  const StartedSettings settings = started.value_or(started_settings(s, model));
   // On the event loop: the process backend keeps its drop-ins in memory, owned by the loop; the
   // systemd backend writes one small file (a few ms, fsync included).
-  if (auto r = s.units.write_dropin(unit, "10-modeld.conf", render_dropin(model, s.store.model_path(model.name))); !r)
-    co_return r.error();
-  co_return co_await s.units.reload();
+  if (auto r = s.units.write_dropin(unit, "10-modeld.conf", render_dropin(model, settings)); !r) co_return r.error();
+  if (auto r = co_await s.units.reload(); !r) co_return r.error();
+  co_return settings;
 }
 
 boost::asio::awaitable<Result<void>> check_still_verified(Services& s, const Run& run, std::string_view refusing) {

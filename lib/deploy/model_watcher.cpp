@@ -324,12 +324,20 @@ asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
       sys::logf(sys::Level::error, w.f, "watchdog: {}", r.error().message);
     if (w.run.stop) co_return false;
   }
+  // Started from today's drop-in, whose settings are recorded as what the server runs with.
+  std::optional<StartedSettings> settings;
+  if (auto d = co_await install_dropin(services_, w.m); d)
+    settings = std::move(*d);
+  else
+    sys::logf(sys::Level::error, w.f, "watchdog: cannot rewrite the drop-in of {}: {}", w.unit, d.error().message);
+  if (w.run.stop) co_return false;
   if (auto s = co_await units::reset_failed_and_start(services_.units, w.unit); !s) {
     if (w.run.stop) co_return false;
     w.pending = fmt::format("cannot start {}: {}", w.unit, s.error().message);
     sys::logf(sys::Level::error, w.f, "watchdog: {}", *w.pending);
     co_return true;
   }
+  if (on_started_) on_started_(w.model, settings);
   auto r = co_await ready(w.m, w.f);
   if (w.run.stop) co_return false;
   if (!r) {

@@ -77,6 +77,15 @@ class ModelWatcher {
   /// counters), e.g. to refresh sd_notify STATUS= and send the engine's watcher event.
   void on_change(std::function<void(const WatchdogStatus&)> f) { on_change_ = std::move(f); }
 
+  /// Called on the io thread after the watch started the model's unit again, with the settings
+  /// of the drop-in it wrote first (nullopt when it could not write it: they are unknown).
+  void on_started(std::function<void(const std::string&, const std::optional<StartedSettings>&)> f) {
+    on_started_ = std::move(f);
+  }
+
+  /// One cheap probe of `m` as the watch makes it (Options::probe, else health::probe_once); errors say why it failed.
+  boost::asio::awaitable<Result<void>> probe_once(const config::ModelConfig& m) { return probe(m); }
+
   /// Whether the watch coroutine runs.
   bool running() const { return running_; }
 
@@ -109,6 +118,7 @@ class ModelWatcher {
   std::map<std::string, WatchdogStatus> records_;
   std::shared_ptr<WatchRun> run_;  ///< the current or last watch
   std::function<void(const WatchdogStatus&)> on_change_;
+  std::function<void(const std::string&, const std::optional<StartedSettings>&)> on_started_;
   /// Completion handlers of stop() calls waiting for the coroutine to end.
   std::vector<std::function<void()>> on_stopped_;
 };

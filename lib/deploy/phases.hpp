@@ -307,8 +307,23 @@ std::chrono::milliseconds stop_wait(std::chrono::milliseconds stop_timeout);
 /// returns its text; exposed for tests. Values are quoted per systemd.syntax(7).
 std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir);
 
-/// Writes the model's drop-in into unit_dir and reloads systemd.
-boost::asio::awaitable<Result<void>> install_dropin(Services& s, const config::ModelConfig& model);
+/// The drop-in of `model` with its ExecStart=, Environment= and WorkingDirectory= lines from
+/// `started` (the rest, stop timeout and comments, from `model`).
+std::string render_dropin(const config::ModelConfig& model, const StartedSettings& started);
+
+/// The settings a service of `model` started from the drop-in render_dropin(model, model_dir)
+/// writes runs with: the drop-in's lines come from this value.
+StartedSettings started_settings(const config::ModelConfig& model, const std::filesystem::path& model_dir);
+
+/// started_settings for the model's folder models_dir/NAME.
+StartedSettings started_settings(Services& s, const config::ModelConfig& model);
+
+/// Writes the model's drop-in into unit_dir, with `started` when given (a rollback restores the
+/// old server as it ran) else as today's configuration renders it, and reloads systemd; returns
+/// the settings written (what the service runs with once (re)started). Errors: the service
+/// manager's (io_error, ...).
+boost::asio::awaitable<Result<StartedSettings>> install_dropin(Services& s, const config::ModelConfig& model,
+                                                               const std::optional<StartedSettings>& started = {});
 
 /// What readiness and the watchdog probe for `model`: its port, health and models paths, served
 /// name, whether a completion is needed, and the API key from api_key_file (io_error naming the

@@ -2,6 +2,9 @@
 // What the daemon records about the models in service, shared by the phases (which read it) and
 // the state store (which persists it). No I/O here.
 
+#include "deploy/started.hpp"
+
+#include <optional>
 #include <string>
 
 namespace modeld::deploy {
@@ -11,6 +14,8 @@ struct ActiveRecord {
   std::string model;
   std::string commit;
   std::string since;  ///< RFC 3339
+  /// What its service was started with; nullopt in a state.json written before it was kept.
+  std::optional<StartedSettings> started = {};
 };
 
 }  // namespace modeld::deploy

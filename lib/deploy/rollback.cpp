@@ -28,7 +28,9 @@ boost::asio::awaitable<Result<Restored>> run_rolling_back(Services& s, const Run
   auto switched = co_await util::on_pool<Result<void>>(
       s.disk_pool, [&] { return s.store.switch_link(old->name, run.previous->commit); });
   if (!switched) co_return make_error(Errc::rollback_failed, switched.error().message);
-  if (auto r = co_await install_dropin(s, *old); !r) co_return make_error(Errc::rollback_failed, r.error().message);
+  // The old server as it ran (its recorded settings), not as today's configuration renders it.
+  if (auto r = co_await install_dropin(s, *old, run.record.previous_started); !r)
+    co_return make_error(Errc::rollback_failed, r.error().message);
   // Warming the new revision may have pushed the old one out of the page cache: it is read back
   // first (not cancellable, as rolling back is not; a failure to warm only slows the start).
   if (old->serve.warm != "off") {

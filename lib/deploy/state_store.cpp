@@ -57,8 +57,12 @@ Result<DaemonState> StateStore::load() const {
     auto j = nlohmann::json::parse(*text);
     DaemonState s;
     auto record = [](const nlohmann::json& a) {
-      return ActiveRecord{a.at("model").get<std::string>(), a.at("commit").get<std::string>(),
-                          a.at("since").get<std::string>()};
+      ActiveRecord r{a.at("model").get<std::string>(), a.at("commit").get<std::string>(),
+                     a.at("since").get<std::string>()};
+      // "started" since the settings are kept; a service recorded before has none.
+      if (a.contains("started") && a["started"].is_object())
+        if (auto st = started_settings_from_json(a["started"])) r.started = std::move(*st);
+      return r;
     };
     // "services" since the list; a file from before it has only "active".
     if (j.contains("services"))
@@ -75,7 +79,9 @@ Result<DaemonState> StateStore::load() const {
 
 Result<void> StateStore::save(const DaemonState& s) {
   auto record = [](const ActiveRecord& a) {
-    return nlohmann::json{{"model", a.model}, {"commit", a.commit}, {"since", a.since}};
+    nlohmann::json j{{"model", a.model}, {"commit", a.commit}, {"since", a.since}};
+    if (a.started) j["started"] = to_json(*a.started);
+    return j;
   };
   nlohmann::json j;
   j["services"] = nlohmann::json::array();

@@ -53,8 +53,9 @@ class StateStore {
   Result<void> init();
 
   /// Reads state.json; an absent file is an empty state; a corrupt one is io_error naming it
-  /// (never silently replaced: an operator must look). Reads the list of services, or the
-  /// single "active" object of a file written before it. Blocks.
+  /// (never silently replaced: an operator must look). Reads the list of services (with the
+  /// settings each was started with, "started", when recorded), or the single "active" object
+  /// of a file written before it. Blocks.
   Result<DaemonState> load() const;
 
   /// Replaces state.json atomically ("services" and, for older readers, "active"); io_error.

@@ -82,6 +82,7 @@ class FakeEngine : public deploy::Engine {
     auto d = make_deployment("20261129T19394" + std::to_string(deployments.size()) + "Z-" + model,
                              model, deploy::State::running);
     d.allow_downtime = allow_downtime;
+    d.restart = request.restart;
     deployments.insert(deployments.begin(), d);
     return d;
   }

@@ -161,6 +161,18 @@ TEST_CASE("allow_downtime defaults to false") {
   CHECK_FALSE(e.deployments.at(0).allow_downtime);
 }
 
+TEST_CASE("restart reaches the engine, defaults to false and must be a boolean") {
+  FakeEngine e;
+  REQUIRE(call(e, "POST", "/v1/deployments", R"({"model": "llama"})").status == 202);
+  CHECK_FALSE(e.deployments.at(0).restart);
+  e.deployments.clear();
+  REQUIRE(call(e, "POST", "/v1/deployments", R"({"model": "llama", "restart": true})").status == 202);
+  CHECK(e.deployments.at(0).restart);
+  auto r = call(e, "POST", "/v1/deployments", R"({"model": "llama", "restart": 1})");
+  require_error(r, 400, "bad_request");
+  CHECK_THAT(body_of(r)["error"]["message"].get<std::string>(), Catch::Contains("\"restart\" must be true or false"));
+}
+
 TEST_CASE("root may deploy without being asked about group membership") {
   FakeEngine e;
   Members m;

@@ -85,10 +85,10 @@ void write_file(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
 }
 
-std::string listing() {
-  return fmt::format(R"({{"id": "acme/new", "sha": "{}", "siblings": [
+std::string listing(const std::string& repo = "acme/new", const std::string& commit = kNew) {
+  return fmt::format(R"({{"id": "{}", "sha": "{}", "siblings": [
       {{"rfilename": "config.json", "size": {}, "blobId": "{}"}}]}})",
-                     kNew, kConfigJson.size(), git_sha1(kConfigJson));
+                     repo, commit, kConfigJson.size(), git_sha1(kConfigJson));
 }
 
 std::shared_ptr<config::Config> three_models(const fs::path& dir) {
@@ -222,9 +222,10 @@ struct Fixture {
     write_file(store.revision_dir(name, commit) / "config.json", kConfigJson);
   }
 
-  void record_active(const std::string& name, const std::string& commit) {
+  void record_active(const std::string& name, const std::string& commit,
+                     const std::optional<deploy::StartedSettings>& started = {}) {
     deploy::DaemonState st;
-    st.active = deploy::ActiveRecord{name, commit, "2026-01-01T00:00:00Z"};
+    st.active = deploy::ActiveRecord{name, commit, "2026-01-01T00:00:00Z", started};
     st.last_active[name] = "2026-01-01T00:00:00Z";
     REQUIRE(states.save(st).has_value());
   }
@@ -235,6 +236,8 @@ struct Fixture {
     if (target.starts_with("/api/models/acme/new/revision/")) {
       co_await listing_gate.pass();
       co_await ex.respond(200, listing());
+    } else if (target.starts_with("/api/models/acme/old/revision/")) {
+      co_await ex.respond(200, listing("acme/old", kOld));
     } else if (target == file_prefix + "config.json") {
       co_await file_gate.pass();
       co_await ex.respond(200, kConfigJson);
@@ -284,6 +287,11 @@ struct Fixture {
     if (e.kind == deploy::EventKind::state) state_events.push_back(j);
   }
 
+  // The settings a service of `name` started now would run with (today's configuration).
+  deploy::StartedSettings started_now(const std::string& name) {
+    return deploy::started_settings(cfg->models.at(name), store.model_path(name));
+  }
+
   // load(), then recover() to its end, as the daemon starts.
   void boot() {
     load();
@@ -292,8 +300,8 @@ struct Fixture {
     REQUIRE(run_until([&] { return recovered; }));
   }
 
-  deploy::Deployment deploy(const std::string& model, bool allow_downtime = false) {
-    auto d = deployer->start({model, allow_downtime});
+  deploy::Deployment deploy(const std::string& model, bool allow_downtime = false, bool restart = false) {
+    auto d = deployer->start({model, allow_downtime, restart});
     INFO((d ? std::string("started") : d.error().message));
     REQUIRE(d.has_value());
     return *d;
@@ -1063,4 +1071,171 @@ TEST_CASE("a failed start that never became ready has no switch") {
   CHECK(end.state == State::failed);
   CHECK(end.switch_marks.start_requested_ns != 0);
   CHECK_FALSE(end.switch_report);
+}
+
+// ---- never restarting what serves (redeploy.cpp, started.cpp) ----
+
+namespace {
+
+// "old" serves kOld, started with `started`; the daemon booted; the calls of the boot forgotten.
+void serve_old_started_with(Fixture& fx, const deploy::StartedSettings& started) {
+  fx.record_active("old", kOld, started);
+  fx.boot();
+  fx.units.unit_calls.clear();
+}
+
+// The daemon's state.json: what "old" runs with, as recorded.
+std::optional<deploy::StartedSettings> recorded_started(Fixture& fx) {
+  auto st = fx.states.load();
+  REQUIRE(st);
+  REQUIRE(st->active);
+  return st->active->started;
+}
+
+}  // namespace
+
+TEST_CASE("a redeploy of the model that serves, at its commit, with the same settings, changes nothing") {
+  Fixture fx;
+  serve_old_started_with(fx, fx.started_now("old"));
+  auto end = fx.wait_end(fx.deploy("old").id);
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == State::succeeded);
+  CHECK_FALSE(end.changed);
+  CHECK(end.commit == kOld);
+  CHECK(fx.phases() == std::vector<Phase>{Phase::planning});
+  CHECK(fx.units.unit_calls.empty());
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.store.linked_commit("old") == kOld);
+  CHECK(recorded_started(fx) == fx.started_now("old"));
+  auto hist = fx.states.load_history(1);
+  REQUIRE(hist.size() == 1);
+  CHECK_FALSE(hist.front().changed);
+}
+
+TEST_CASE("a change only in stop_timeout restarts nothing") {
+  Fixture fx;
+  fx.cfg->models["old"].serve.stop_timeout = 1s;
+  const auto started = fx.started_now("old");
+  fx.cfg->models["old"].serve.stop_timeout = 42s;
+  serve_old_started_with(fx, started);
+  auto end = fx.wait_end(fx.deploy("old").id);
+  CHECK(end.state == State::succeeded);
+  CHECK_FALSE(end.changed);
+  CHECK(fx.units.unit_calls.empty());
+}
+
+TEST_CASE("a changed environment restarts the model that serves, and state.json records what it runs with now") {
+  Fixture fx;
+  const auto started = fx.started_now("old");
+  fx.cfg->models["old"].serve.environment["VLLM_X"] = "1";
+  serve_old_started_with(fx, started);
+  auto end = fx.wait_end(fx.deploy("old").id);
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == State::succeeded);
+  CHECK(end.changed);
+  CHECK(fx.position("stop " + kOldUnit) >= 0);
+  CHECK(fx.position("stop " + kOldUnit) < fx.position("start " + kOldUnit));
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  auto now = recorded_started(fx);
+  REQUIRE(now);
+  CHECK(now->environment.at("VLLM_X") == "1");
+  CHECK(fx.units.dropins[kOldUnit].find("Environment=\"VLLM_X=1\"") != std::string::npos);
+}
+
+TEST_CASE("a restart for changed settings whose new server fails rolls back to the server as it ran") {
+  Fixture fx;
+  const auto started = fx.started_now("old");
+  fx.cfg->models["old"].serve.environment["VLLM_X"] = "1";
+  serve_old_started_with(fx, started);
+  // The restarted server fails its health check; the one the rollback starts is ready.
+  fx.not_ready["old"] = make_error(Errc::health_failed, "GET /health answered 503");
+  fx.on_phase = [&](const nlohmann::json& j) {
+    if (j["phase"] == "rolling_back") fx.not_ready.erase("old");
+  };
+  auto end = fx.wait_end(fx.deploy("old").id);
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == State::rolled_back);
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.store.linked_commit("old") == kOld);
+  CHECK(fx.units.dropins[kOldUnit].find("VLLM_X") == std::string::npos);
+  CHECK(recorded_started(fx) == started);
+}
+
+TEST_CASE("a restart asked for restarts the model that serves with the same settings") {
+  Fixture fx;
+  serve_old_started_with(fx, fx.started_now("old"));
+  auto end = fx.wait_end(fx.deploy("old", false, true).id);
+  CHECK(end.state == State::succeeded);
+  CHECK(end.changed);
+  CHECK(end.restart);
+  CHECK(fx.position("stop " + kOldUnit) >= 0);
+  CHECK(fx.position("start " + kOldUnit) > fx.position("stop " + kOldUnit));
+}
+
+TEST_CASE("a service whose started settings are not recorded is restarted by a redeploy and recorded then") {
+  Fixture fx;
+  fx.boot();  // state.json as an older modeld wrote it: no settings
+  auto end = fx.wait_end(fx.deploy("old").id);
+  CHECK(end.state == State::succeeded);
+  CHECK(end.changed);
+  CHECK(fx.position("start " + kOldUnit) >= 0);
+  CHECK(recorded_started(fx) == fx.started_now("old"));
+}
+
+TEST_CASE("rolling back starts the old service with the settings it ran with, not today's configuration") {
+  Fixture fx;
+  auto started = fx.started_now("old");
+  started.environment["OLD_ONLY"] = "1";  // what it ran with; today's configuration has none
+  serve_old_started_with(fx, started);
+  // The daemon's start rewrote the drop-in from today's configuration, the server untouched.
+  CHECK(fx.units.dropins[kOldUnit].find("OLD_ONLY") == std::string::npos);
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  auto end = fx.wait_end(fx.deploy("new").id);
+  check_old_restored(fx, end);
+  CHECK(end.previous_started == started);
+  CHECK(fx.units.dropins[kOldUnit].find("Environment=\"OLD_ONLY=1\"") != std::string::npos);
+  CHECK(recorded_started(fx) == started);
+}
+
+TEST_CASE("a service the model watcher starts again is recorded with the settings of the drop-in it wrote") {
+  Fixture fx;
+  auto started = fx.started_now("old");
+  started.environment["OLD_ONLY"] = "1";
+  fx.cfg->models["old"].health.watch_interval = 10ms;
+  serve_old_started_with(fx, started);
+  fx.units.states[kOldUnit] = "failed";
+  REQUIRE(fx.run_until([&] { return fx.units.state_of(kOldUnit) == "active" && recorded_started(fx) == fx.started_now("old"); }));
+}
+
+TEST_CASE("a watchdog restart while a deployment downloads is what that deployment's rollback restores") {
+  Fixture fx;
+  auto started = fx.started_now("old");
+  started.environment["OLD_ONLY"] = "1";
+  fx.cfg->models["old"].health.watch_interval = 10ms;
+  serve_old_started_with(fx, started);
+  fx.file_gate.armed = true;
+  const auto id = fx.deploy("new").id;
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting > 0; }));
+  fx.units.states[kOldUnit] = "failed";
+  REQUIRE(fx.run_until([&] {
+    auto d = fx.deployer->get(id);
+    return d && d->previous_started == fx.started_now("old");
+  }));
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  fx.file_gate.release();
+  auto end = fx.wait_end(id);
+  check_old_restored(fx, end);
+  CHECK(fx.units.dropins[kOldUnit].find("OLD_ONLY") == std::string::npos);
+}
+
+TEST_CASE("a redeploy of the model that serves with the same settings restarts it when its unit is not active") {
+  Fixture fx;
+  serve_old_started_with(fx, fx.started_now("old"));
+  fx.units.states[kOldUnit] = "activating";
+  auto end = fx.wait_end(fx.deploy("old").id);
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == State::succeeded);
+  CHECK(end.changed);
+  CHECK(fx.position("start " + kOldUnit) >= 0);
+  CHECK(fx.units.state_of(kOldUnit) == "active");
 }

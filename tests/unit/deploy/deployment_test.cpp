@@ -207,3 +207,31 @@ TEST_CASE("a record keeps its switch marks as bookkeeping, never in the API, and
   REQUIRE(older.has_value());
   CHECK(older->switch_marks.ready_ns == 0);
 }
+
+TEST_CASE("a record keeps whether a restart was asked for and the previous service's settings, internal fields") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.restart = true;
+  d.previous_started = StartedSettings{{"srv"}, {{"A", "1"}}, "/m/m", 0};
+  auto back = deployment_from_json(to_json(d, true));
+  REQUIRE(back.has_value());
+  CHECK(back->restart);
+  REQUIRE(back->previous_started);
+  CHECK(*back->previous_started == *d.previous_started);
+  const auto shown = to_json(d);
+  CHECK_FALSE(shown.contains("previous_started"));
+  CHECK_FALSE(shown.contains("restart"));
+  Deployment plain;
+  plain.id = "y";
+  plain.model = "m";
+  plain.started_at = d.started_at;
+  auto older = to_json(plain, true);
+  older.erase("restart");
+  older.erase("previous_started");
+  auto read = deployment_from_json(older);
+  REQUIRE(read.has_value());
+  CHECK_FALSE(read->restart);
+  CHECK_FALSE(read->previous_started);
+}

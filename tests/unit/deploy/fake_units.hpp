@@ -66,6 +66,7 @@ class FakeUnits : public units::ServiceManager {
   std::map<std::string, Error> fail;    // "start UNIT" -> the error that call returns
   std::map<std::string, Gate> gates;    // "start UNIT" -> where that call waits first
   std::function<void()> on_start;
+  std::map<std::string, std::string> dropins;  // unit -> the text of its last drop-in written
 
   std::string state_of(const std::string& unit) const {
     auto it = states.find(unit);
@@ -98,7 +99,10 @@ class FakeUnits : public units::ServiceManager {
     co_return co_await enter("reset_failed", unit);
   }
   boost::asio::awaitable<Result<void>> reload() override { co_return Result<void>{}; }
-  Result<void> write_dropin(const std::string&, const std::string&, const std::string&) override { return {}; }
+  Result<void> write_dropin(const std::string& unit, const std::string&, const std::string& text) override {
+    dropins[unit] = text;
+    return {};
+  }
 
  private:
   // Records the call, waits at its gate (cancelled there: an error), returns its scripted failure, if any.

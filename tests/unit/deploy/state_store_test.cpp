@@ -152,3 +152,25 @@ TEST_CASE("a state.json written before the list of services loads its active mod
   CHECK(st->active->model == "old");
   CHECK(st->active->commit == "abc");
 }
+
+TEST_CASE("state.json keeps the settings each service was started with, and one written before them loads without") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  std::ofstream(t.path / "state.json")
+      << R"({"services": [{"model": "old", "commit": "abc", "since": "2026-01-01T00:00:00Z"}], "last_active": {}})";
+  auto st = s.load();
+  REQUIRE(st.has_value());
+  REQUIRE(st->active);
+  CHECK_FALSE(st->active->started);
+
+  StartedSettings started{{"srv", "--port", "8000"}, {{"VLLM_X", "1"}}, "/m/kimi", 2};
+  DaemonState next;
+  next.active = ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z", started};
+  REQUIRE(s.save(next).has_value());
+  auto back = s.load();
+  REQUIRE(back.has_value());
+  REQUIRE(back->active);
+  REQUIRE(back->active->started);
+  CHECK(*back->active->started == started);
+}
