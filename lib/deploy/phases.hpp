@@ -268,7 +268,7 @@ std::vector<std::string> warm_order(std::vector<std::string> paths, const std::s
 std::uint64_t default_warm_reserve(std::uint64_t mem_total);
 
 /// Bytes of the run's revision in the page cache now (mincore, on the disk pool); nullopt when
-/// its manifest cannot be read.
+/// its manifest cannot be read or no file could be measured.
 boost::asio::awaitable<std::optional<std::uint64_t>> resident_at_launch(Services& s, const Run& run);
 
 /// launching: switch models_dir/NAME to the new revision, write the drop-in, reload, measure

@@ -175,8 +175,13 @@ asio::awaitable<std::optional<std::uint64_t>> resident_at_launch(Services& s, co
     auto files = revision_files(st, name, commit);
     if (!files) return std::nullopt;
     std::uint64_t total = 0;
+    bool measured = false;  // a report of 0 must mean nothing resident, not nothing measurable
     for (const auto& f : *files)
-      if (auto r = warm::resident_bytes(f)) total += *r;
+      if (auto r = warm::resident_bytes(f)) {
+        total += *r;
+        measured = true;
+      }
+    if (!measured && !files->empty()) return std::nullopt;
     return total;
   });
 }
