@@ -83,19 +83,26 @@ SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[
 
 def check_exposition(text: str) -> None:
     """The text exposition format's rules that matter here: every sample line parses, and every
-    family has one HELP and one TYPE line before its samples. With promtool installed, it checks
+    family (a histogram's _bucket, _sum and _count samples are of theirs) has one HELP and one TYPE
+    line before its samples. With promtool installed, it checks
     the text too (its lint rules included)."""
     assert text.endswith("\n")
     declared: dict[str, set[str]] = {}
+    histograms: set[str] = set()
     for line in text.splitlines():
         if line.startswith("# HELP ") or line.startswith("# TYPE "):
             kind, name = line[2:6], line.split(" ")[2]
             assert kind not in declared.setdefault(name, set()), f"second {kind} for {name}"
             declared[name].add(kind)
+            if line.split(" ")[3:] == ["histogram"]:
+                histograms.add(name)
             continue
         m = SAMPLE.match(line)
         assert m, f"not a sample line: {line!r}"
-        assert declared.get(m.group(1)) == {"HELP", "TYPE"}, f"{m.group(1)} sampled before its HELP and TYPE"
+        # A histogram's samples are its family's name with _bucket, _sum or _count.
+        family = next((m.group(1)[:-len(s)] for s in ("_bucket", "_sum", "_count")
+                       if m.group(1).endswith(s) and m.group(1)[:-len(s)] in histograms), m.group(1))
+        assert declared.get(family) == {"HELP", "TYPE"}, f"{m.group(1)} sampled before its HELP and TYPE"
     promtool = shutil.which("promtool")
     if promtool:
         r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
