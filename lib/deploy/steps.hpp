@@ -28,7 +28,8 @@ Phase phase_of(Step s) noexcept;
 std::string_view to_string(Step s) noexcept;
 
 /// The ordered steps of a deployment of kind `kind`; with `downtime_first` (allow_downtime and a
-/// disk plan that evicts the active model) stopping_old comes right after planning.
+/// disk plan that evicts the active model) stopping_old comes right after planning. A pull is
+/// planning, freeing_disk, downloading and verifying, none touching the service.
 std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first);
 
 }  // namespace modeld::deploy
