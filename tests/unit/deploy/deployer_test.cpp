@@ -1075,3 +1075,21 @@ TEST_CASE("rm of one revision removes it and its mark, and refuses the commit in
   REQUIRE_FALSE(gone);
   CHECK(modeld::to_string(gone.error().code) == std::string_view("not_found"));
 }
+
+TEST_CASE("a pull interrupted by a restart continues from planning and ends as an uninterrupted one") {
+  const auto recorded = GENERATE(Phase::planning, Phase::downloading, Phase::verifying);
+  CAPTURE(deploy::to_string(recorded));
+  Fixture fx;
+  fx.leave_crashed_in(recorded);
+  auto d = fx.states.load_history(1).at(0);
+  d.kind = deploy::Kind::pull;
+  REQUIRE(fx.states.save_deployment(d).has_value());
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  CHECK(end.state == State::succeeded);
+  CHECK(end.kind == deploy::Kind::pull);
+  CHECK(fx.phases() == std::vector<Phase>{Phase::planning, Phase::freeing_disk, Phase::downloading, Phase::verifying});
+  CHECK(service_calls(fx.units).empty());
+  check_old_untouched(fx);
+  CHECK(fx.states.load()->pulled == deploy::Pulled{{"new", {kNew}}});
+}
