@@ -266,6 +266,24 @@ std::string status_text(const json& s, const Style& style) {
   return out;
 }
 
+namespace {
+
+// The revisions on disk of every model, one line each, after the models' table: nothing when no
+// model has a revision on disk.
+std::string revisions_table(const json& models) {
+  std::string out;
+  for (const auto& m : models)
+    for (const auto& r : m.value("revisions", json::array())) {
+      std::string marks;
+      if (r.value("in_service", false)) marks += "  in service";
+      if (r.value("pulled", false)) marks += "  pulled";
+      out += fmt::format("  {}  {}  {}{}\n", str(m, "name"), str(r, "commit"), str(r, "state"), marks);
+    }
+  return out.empty() ? out : "\nRevisions on disk:\n" + out;
+}
+
+}  // namespace
+
 std::string models_table(const json& body, const Style& style) {
   std::vector<std::vector<std::string>> rows{
       {"NAME", "STATE", "SIZE", "COMMIT", "ACTIVE", "PINNED", "LAST ACTIVE", "REPO"}};
@@ -290,7 +308,7 @@ std::string models_table(const json& body, const Style& style) {
     }
     out += line + "\n";
   }
-  return out;
+  return out + revisions_table(models);
 }
 
 namespace {

@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -172,16 +173,22 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
   }
 }
 
-int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downtime, bool restart) {
+// What deploy and pull start: POST `body` to `target`, a record called `noun` ("deployment",
+// "pull") whose progress is announced as `doing` ("Deploying", "Pulling").
+struct Start {
+  std::string target, body;
+  std::string noun, doing;
+};
+
+// Starts the record `s` of model `name` and, with `wait`, follows it to its end.
+int start_record(Context& c, const std::string& name, bool wait, const Start& s) {
   // Subscribe first, so that no event of the new deployment can slip by.
   std::optional<modelctl::EventStream> events;
   if (wait) {
     events.emplace(c.daemon);
     if (auto r = events->open(); !r) return unreachable(c.daemon, r.error());
   }
-  json body{{"model", name}, {"allow_downtime", allow_downtime}};
-  if (restart) body["restart"] = true;
-  auto r = c.daemon.call("POST", "/v1/deployments", modeld::util::dump_json(body));
+  auto r = c.daemon.call("POST", s.target, s.body);
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 202) {
     print_error(c, *r);
@@ -194,10 +201,10 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
     if (c.json)
       print_raw(r->body);
     else
-      fmt::print("Started deployment {} of {}\n", id, name);
+      fmt::print("Started {} {} of {}\n", s.noun, id, name);
     return exit_ok;
   }
-  if (!c.json) fmt::print("Deploying {} (deployment {})\n", name, id);
+  if (!c.json) fmt::print("{} {} ({} {})\n", s.doing, name, s.noun, id);
   std::fflush(stdout);
   if (!follow_deployment(c, id, *events)) return exit_unreachable;
 
@@ -212,17 +219,40 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, bool allow_downti
   if (!f) return exit_failed;
   const std::string state = f->value("state", "");
   if (!c.json) {
-    if (state == "succeeded" && !f->value("changed", true))
-      fmt::print("Deployment {} {}: {} already serving, nothing to do\n", id, c.style.state(state), name);
+    std::string noun = s.noun;
+    noun[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(noun[0])));
+    const bool changed = f->value("changed", true);
+    if (state == "succeeded" && !changed && s.noun == "deployment")
+      fmt::print("{} {} {}: {} already serving, nothing to do\n", noun, id, c.style.state(state), name);
     else if (state == "succeeded")
-      fmt::print("Deployment {} {}\n", id, c.style.state(state));
+      fmt::print("{} {} {}{}\n", noun, id, c.style.state(state),
+                 s.noun == "pull" && !changed ? " (already on disk and verified)" : "");
     else
-      fmt::print("Deployment {} {} in phase {}\n", id, c.style.state(state), modelctl::str(*f, "phase", "?"));
-    if (auto s = modelctl::switch_text(*f); !s.empty()) fmt::print("Switch: {}\n", s);
+      fmt::print("{} {} {} in phase {}\n", noun, id, c.style.state(state), modelctl::str(*f, "phase", "?"));
+    if (auto sw = modelctl::switch_text(*f); !sw.empty()) fmt::print("Switch: {}\n", sw);
     if (const auto& e = f->value("error", json()); e.is_object())
       fmt::print(stderr, "modelctl: {}: {}\n", modelctl::str(e, "code", "error"), modelctl::str(e, "message", ""));
   }
   return state == "succeeded" ? exit_ok : exit_failed;
+}
+
+// What `modelctl deploy` asks for besides the model.
+struct DeployOptions {
+  bool allow_downtime = false;
+  bool restart = false;
+  std::string commit;  ///< empty: the configured revision
+};
+
+int cmd_deploy(Context& c, const std::string& name, bool wait, const DeployOptions& o) {
+  json body{{"model", name}, {"allow_downtime", o.allow_downtime}};
+  if (o.restart) body["restart"] = true;
+  if (!o.commit.empty()) body["commit"] = o.commit;
+  return start_record(c, name, wait, {"/v1/deployments", modeld::util::dump_json(body), "deployment", "Deploying"});
+}
+
+int cmd_pull(Context& c, const std::string& name, bool wait) {
+  return start_record(c, name, wait,
+                      {"/v1/models/" + modeld::util::url_encode_segment(name) + "/pull", "", "pull", "Pulling"});
 }
 
 int cmd_cancel(Context& c) {
@@ -262,6 +292,13 @@ const CLI::Validator kModelName(
       return fmt::format("\"{}\" is not a model name (lower-case letters, digits, '.', '_', '-'; at most 64)", shown);
     },
     "NAME");
+
+// A commit id as the Hub writes it (40 lowercase hex digits); anything else is bad usage (exit 2).
+const CLI::Validator kCommit(
+    [](std::string& commit) -> std::string {
+      return modeld::util::is_commit_id(commit) ? std::string() : "a commit is 40 lowercase hex digits";
+    },
+    "COMMIT");
 
 int cmd_logs(bool follow, const std::string& name) {
   if (!name.empty() && !modeld::util::valid_model_name(name)) {
@@ -324,9 +361,10 @@ int cmd_verify(Context& c, const std::string& name) {
       [](const json& j) { return j.value("ok", false); });
 }
 
-int cmd_rm(Context& c, const std::string& name) {
+int cmd_rm(Context& c, const std::string& name, const std::string& commit) {
   return model_command(
-      c, "DELETE", model_target(name), [](const json& j) { return modelctl::removal_text(j); },
+      c, "DELETE", model_target(name) + (commit.empty() ? "" : "?commit=" + commit),
+      [](const json& j) { return modelctl::removal_text(j); },
       [](const json&) { return true; });
 }
 
@@ -335,8 +373,9 @@ struct CommandLine {
   std::string socket;
   bool json_output = false;
   CLI::App *status = nullptr, *models = nullptr, *deploy = nullptr, *cancel = nullptr, *plan = nullptr,
-           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr;
-  std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name;
+           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr, *pull = nullptr;
+  std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name, pull_name;
+  std::string deploy_commit, rm_commit;
   bool wait = false, allow_downtime = false, restart = false, follow = false;
 };
 
@@ -362,6 +401,11 @@ void define_commands(CLI::App& app, CommandLine& cl) {
                       "stop the active model before freeing disk when it must be evicted");
   cl.deploy->add_flag("--restart", cl.restart,
                       "restart the model even when it already serves that commit with the same settings");
+  cl.deploy->add_option("--commit", cl.deploy_commit, "deploy exactly this commit (e.g. one pulled ahead)")
+      ->check(kCommit);
+  cl.pull = sub("pull", "download and verify a model ahead, touching no service");
+  cl.pull->add_option("NAME", cl.pull_name, "model to pull")->required()->check(kModelName);
+  cl.pull->add_flag("--wait", cl.wait, "follow the pull to its end");
   cl.cancel = sub("cancel", "cancel the running deployment");
   cl.plan = sub("plan", "dry run: what a deployment would fetch and evict");
   cl.plan->add_option("NAME", cl.plan_name, "model")->required()->check(kModelName);
@@ -370,6 +414,7 @@ void define_commands(CLI::App& app, CommandLine& cl) {
   cl.verify->add_option("NAME", cl.verify_name, "model")->required()->check(kModelName);
   cl.rm = sub("rm", "delete a model's files");
   cl.rm->add_option("NAME", cl.rm_name, "model")->required()->check(kModelName);
+  cl.rm->add_option("--commit", cl.rm_commit, "delete only this revision")->check(kCommit);
   cl.watch = sub("watch", "follow the daemon live: active model, deployment phases and progress");
   cl.watch->add_option("NAME", cl.watch_name, "only deployments of this model")->check(kModelName);
   cl.logs = sub("logs", "show the daemon's journal, or a model service's");
@@ -394,11 +439,13 @@ int run_command(CommandLine& cl) {
 
   if (cl.status->parsed()) return cmd_status(c);
   if (cl.models->parsed()) return cmd_models(c);
-  if (cl.deploy->parsed()) return cmd_deploy(c, cl.deploy_name, cl.wait, cl.allow_downtime, cl.restart);
+  if (cl.deploy->parsed())
+    return cmd_deploy(c, cl.deploy_name, cl.wait, {cl.allow_downtime, cl.restart, cl.deploy_commit});
+  if (cl.pull->parsed()) return cmd_pull(c, cl.pull_name, cl.wait);
   if (cl.cancel->parsed()) return cmd_cancel(c);
   if (cl.plan->parsed()) return cmd_plan(c, cl.plan_name, cl.allow_downtime);
   if (cl.verify->parsed()) return cmd_verify(c, cl.verify_name);
-  if (cl.rm->parsed()) return cmd_rm(c, cl.rm_name);
+  if (cl.rm->parsed()) return cmd_rm(c, cl.rm_name, cl.rm_commit);
   if (cl.watch->parsed()) return modelctl::watch(daemon, {cl.watch_name, c.json, c.tty, c.style});
   return exit_refused;
 }

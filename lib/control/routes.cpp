@@ -28,7 +28,7 @@ using nlohmann::json;
 constexpr std::size_t default_history_limit = 100;
 constexpr std::size_t max_history_limit = 10000;
 // The fields of POST /v1/deployments, named in the error for an unknown one.
-constexpr const char* kDeployFields = "model, allow_downtime, restart";
+constexpr const char* kDeployFields = "model, allow_downtime, restart, commit";
 
 Response json_response(unsigned status, const json& body) {
   Response r;
@@ -53,6 +53,13 @@ json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Act
   return deploy::to_json(all.front());
 }
 
+json revisions_json(const std::vector<deploy::RevisionInfo>& revisions) {
+  json out = json::array();
+  for (const auto& r : revisions)
+    out.push_back({{"commit", r.commit}, {"state", r.state}, {"pulled", r.pulled}, {"in_service", r.in_service}});
+  return out;
+}
+
 json model_json(const deploy::ModelInfo& m) {
   return json{{"name", m.name},
               {"repo", m.repo},
@@ -62,7 +69,8 @@ json model_json(const deploy::ModelInfo& m) {
               {"size_bytes", m.size_bytes},
               {"active", m.active},
               {"pinned", m.pinned},
-              {"last_active", util::or_null(m.last_active)}};
+              {"last_active", util::or_null(m.last_active)},
+              {"revisions", revisions_json(m.revisions)}};
 }
 
 // Decodes one path segment (util::percent_decode); nullopt on a malformed escape or a decoded
@@ -147,6 +155,14 @@ Result<void> read_bool_field(const std::string& key, const json& value, bool& ou
   return {};
 }
 
+// Reads the "commit" of a deployment request; bad_request unless it is 40 lowercase hex digits.
+Result<void> read_commit(const json& value, std::optional<std::string>& out) {
+  if (!value.is_string() || !util::is_commit_id(value.get<std::string>()))
+    return make_error(Errc::bad_request, "field \"commit\" must be a commit id of 40 lowercase hex digits");
+  out = value.get<std::string>();
+  return {};
+}
+
 // Reads one field of a deployment request into `r`; bad_request for an unknown field or a wrong type.
 Result<void> read_deploy_field(const std::string& key, const json& value, deploy::DeployRequest& r) {
   if (key == "model") {
@@ -158,6 +174,7 @@ Result<void> read_deploy_field(const std::string& key, const json& value, deploy
   }
   if (key == "allow_downtime") return read_bool_field(key, value, r.allow_downtime);
   if (key == "restart") return read_bool_field(key, value, r.restart);
+  if (key == "commit") return read_commit(value, r.commit);
   return make_error(Errc::bad_request, fmt::format("unknown field \"{}\" (known: {})", key, kDeployFields));
 }
 
@@ -217,6 +234,16 @@ Response list_deployments(std::string_view query, deploy::Engine& engine) {
     list.push_back(deploy::to_json(d));
   }
   return json_response(200, json{{"deployments", std::move(list)}});
+}
+
+// POST /v1/models/{name}/pull: a record of kind pull (its body, if any, is not read).
+Response start_pull(const std::string& model, deploy::Engine& engine) {
+  deploy::DeployRequest r;
+  r.model = model;
+  r.kind = deploy::Kind::pull;
+  auto d = engine.start(r);
+  if (!d) return error_for(d.error());
+  return json_response(202, deploy::to_json(*d));
 }
 
 Response start_deployment(const Request& req, deploy::Engine& engine) {
@@ -555,6 +582,7 @@ json removal_json(const deploy::Removal& r) {
 namespace {
 
 // The model routes that await the engine: /v1/models/{name}/plan, /v1/models/{name}/verify,
+// /v1/models/{name}/pull,
 // /v1/models/{name}. nullopt when the request is not one of them.
 std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
   const auto parts = split_path(path);
@@ -562,7 +590,7 @@ std::optional<std::pair<std::string, std::string>> model_route(std::string_view 
   auto name = decode_segment(parts[2]);
   if (!name) return std::nullopt;
   std::string action = parts.size() == 4 ? std::string(parts[3]) : std::string();
-  if (!action.empty() && action != "plan" && action != "verify") return std::nullopt;
+  if (!action.empty() && action != "plan" && action != "verify" && action != "pull") return std::nullopt;
   return std::pair{std::move(*name), std::move(action)};
 }
 
@@ -623,10 +651,25 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (!report) co_return error_for(report.error());
     co_return json_response(200, verify_json(*report));
   }
+  if (action == "pull") {
+    if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
+    if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+    co_return start_pull(name, engine);
+  }
   if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
   if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
   if (!util::valid_model_name(name)) co_return unknown();
-  auto removed = co_await engine.remove(name);
+  // ?commit=C removes that one revision; without it, the whole model.
+  const auto params = parse_query(query);
+  const auto commit = params.find("commit");
+  const std::optional<std::string> one = commit == params.end() ? std::nullopt : std::optional(commit->second);
+  if (one && !util::is_commit_id(*one))
+    co_return error_for(make_error(Errc::bad_request, "commit must be a commit id of 40 lowercase hex digits"));
+  Result<deploy::Removal> removed = make_error(Errc::internal, "not removed");
+  if (one)
+    removed = co_await engine.remove_revision(name, *one);
+  else
+    removed = co_await engine.remove(name);
   if (!removed) co_return error_for(removed.error());
   co_return json_response(200, removal_json(*removed));
 }

@@ -12,8 +12,11 @@ boost::asio::awaitable<Result<Cleaned>> run_cleanup(Services& s, const Run& run,
   // On the disk pool: deleting a revision of hundreds of GB takes time. The store also spares the
   // revision models_dir/NAME links. By reference only (GCC 12 mis-copies class objects captured
   // by value in a coroutine).
+  // Revisions pulled ahead stay until they are deployed or removed.
+  std::vector<std::string> spare;
+  if (auto p = run.pulled.find(run.model.name); p != run.pulled.end()) spare = p->second;
   auto rm = co_await util::on_pool<Result<std::uint64_t>>(
-      s.disk_pool, [&] { return s.store.remove_other_revisions(run.model.name, keep_commit); });
+      s.disk_pool, [&] { return s.store.remove_other_revisions(run.model.name, keep_commit, spare); });
   if (!rm) co_return rm.error();
   if (*rm > 0)
     sys::logf(sys::Level::info, run.fields(), "removed older revisions of {} ({})", run.model.name,

@@ -23,6 +23,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <sys/stat.h>
@@ -381,7 +382,9 @@ Result<Deployment> Deployer::start(const DeployRequest& request) {
   const auto now = std::chrono::system_clock::now();
   d.id = new_id(model, now);
   d.model = model;
-  d.allow_downtime = request.allow_downtime;
+  d.kind = request.kind;
+  d.commit = request.commit;  // planning lists the Hub at this commit, never the branch
+  d.allow_downtime = request.kind == Kind::deploy && request.allow_downtime;
   d.restart = request.restart;
   d.started_at = util::rfc3339(now);
   d.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
@@ -395,8 +398,13 @@ Result<Deployment> Deployer::start(const DeployRequest& request) {
   f.model = model;
   f.phase = "planning";
   f.message_id = message_id::started;
-  sys::logf(sys::Level::notice, f, "deployment {} of model {} started{}", d.id, model,
-            d.previous_model ? fmt::format(" (replacing {})", *d.previous_model) : std::string(" (no model active)"));
+  if (d.kind == Kind::pull)
+    sys::logf(sys::Level::notice, f, "pull {} of model {} started{}: no service is touched", d.id, model,
+              d.commit ? " at " + *d.commit : std::string());
+  else
+    sys::logf(sys::Level::notice, f, "deployment {} of model {} started{}{}", d.id, model,
+              d.commit ? " at " + *d.commit : std::string(),
+              d.previous_model ? fmt::format(" (replacing {})", *d.previous_model) : std::string(" (no model active)"));
   // The watchdog keeps watching the model in service through planning, downloading and
   // verifying (hours for a large checkpoint); drive() stops it before the first phase that
   // touches the service.
@@ -412,7 +420,8 @@ void Deployer::begin(Deployment d, std::optional<Step> first) {
   if (r->record.previous_model && r->record.previous_commit)
     previous = ActiveRecord{*r->record.previous_model, *r->record.previous_commit, ""};
   r->run = std::make_unique<Run>(
-      Run{.record = r->record, .model = *model, .previous = std::move(previous), .last_active = state_.last_active});
+      Run{.record = r->record, .model = *model, .previous = std::move(previous), .last_active = state_.last_active,
+          .pulled = state_.pulled});
   r->decisions = std::make_unique<RunDecisions>(*this, *r);
   r->steps = plan_steps(r->record.kind, r->record.downtime_first);
   r->new_serves = first == Step::cleanup;  // resumed after its health check
@@ -569,6 +578,8 @@ asio::awaitable<void> Deployer::apply_planned(Running& r, Planned& p) {
   d.progress.files_total = p.files_total;
   d.progress.bytes_total = p.bytes_total;
   d.downtime_first = p.downtime_first;
+  // A pull of a commit already verified on disk changes nothing.
+  if (d.kind == Kind::pull && p.already_verified) d.changed = false;
   // The plan is data from here on: computed once, from what the record keeps.
   r.steps = plan_steps(d.kind, d.downtime_first);
   co_await persist_now(d);
@@ -632,6 +643,7 @@ asio::awaitable<void> Deployer::apply_healthy(Running& r) {
   // What launching's drop-in holds: rendered from the same configuration by the same code.
   state_.active = ActiveRecord{d.model, *d.commit, now, started_settings(r.services, r.run->model)};
   state_.last_active[d.model] = now;
+  forget_pulled(d.model, *d.commit);  // deployed: the revision in service needs no mark
   r.new_serves = true;
   co_await save_state(r);
 }
@@ -671,6 +683,7 @@ void Deployer::record_started(const std::string& model, const std::optional<Star
 
 asio::awaitable<bool> Deployer::already_serves(Running& r) {
   auto& d = r.record;
+  if (d.kind != Kind::deploy) co_return false;  // a pull never touches the service
   std::optional<ActiveRecord> active;
   if (state_.active) active = *state_.active;
   const auto check = compare_with_serving(d, active, started_settings(r.services, r.run->model));
@@ -700,6 +713,27 @@ void Deployer::log_nothing_to_do(const Running& r, std::size_t next) const {
     sys::logf(sys::Level::info, f, "{}: nothing to do: {} already serves commit {} with the same settings",
               to_string(r.steps[i].step), d.model, d.commit->substr(0, 12));
   }
+}
+
+asio::awaitable<void> Deployer::apply_pulled(Running& r) {
+  const auto& d = r.record;
+  // The commit in service needs no mark: it is neither evicted nor cleaned up.
+  if (state_.active && state_.active->model == d.model && state_.active->commit == *d.commit) co_return;
+  auto& commits = state_.pulled[d.model];
+  if (std::find(commits.begin(), commits.end(), *d.commit) != commits.end()) co_return;
+  commits.push_back(*d.commit);
+  co_await save_state(r);
+}
+
+bool Deployer::forget_pulled(const std::string& model, const std::optional<std::string>& commit) {
+  auto it = state_.pulled.find(model);
+  if (it == state_.pulled.end()) return false;
+  const auto before = it->second.size();
+  if (commit) std::erase(it->second, *commit);
+  else it->second.clear();
+  const bool changed = it->second.size() != before;
+  if (it->second.empty()) state_.pulled.erase(it);
+  return changed;
 }
 
 asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first) {
@@ -787,6 +821,7 @@ asio::awaitable<void> Deployer::drive(std::shared_ptr<Running> rp, std::optional
       co_return;
     }
     if (!failure) {
+      if (r.record.kind == Kind::pull) co_await apply_pulled(r);
       const std::optional<Error> none;
       co_await finish(r, State::succeeded, none);
       co_return;
@@ -849,7 +884,10 @@ asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optio
     case State::cancelled: f.message_id = message_id::cancelled; break;
     default: f.message_id = message_id::failed; break;
   }
-  if (state == State::succeeded)
+  if (state == State::succeeded && d.kind == Kind::pull)
+    sys::logf(sys::Level::notice, f, "pull {} succeeded: model {} at {} is on disk and verified{}", d.id, d.model,
+              d.commit->substr(0, 12), d.changed ? "" : " (it already was: nothing changed)");
+  else if (state == State::succeeded)
     sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves on port {}{}", d.id, d.model,
               d.commit->substr(0, 12), r.run->model.serve.port, d.changed ? "" : " (nothing changed)");
   else {
@@ -1045,7 +1083,16 @@ struct DiskModel {
   std::uint64_t size_bytes = 0;
   std::optional<std::string> commit;
   std::string state = "partial";
+  std::vector<std::pair<std::string, std::string>> revisions;  ///< every revision on disk: commit, state
 };
+
+// A revision's state as GET /v1/models names it. Blocks (reads the manifest, a stat per file).
+std::string revision_state(const store::Store& st, const std::string& name, const std::string& commit) {
+  const auto check = st.check_manifest(name, commit);
+  if (check == store::ManifestCheck::matches) return "verified";
+  if (check == store::ManifestCheck::changed) return "corrupt";
+  return "partial";
+}
 
 // Walks the store: every model on disk. Blocks (readdir, a stat per file).
 std::map<std::string, DiskModel> models_on_disk(const store::Store& st) {
@@ -1055,10 +1102,10 @@ std::map<std::string, DiskModel> models_on_disk(const store::Store& st) {
     m.size_bytes = s.size_bytes;
     m.commit = s.linked_commit;
     if (!m.commit && !s.commits.empty()) m.commit = s.commits.back();
+    for (const auto& c : s.commits) m.revisions.emplace_back(c, revision_state(st, s.name, c));
     if (m.commit) {
-      const auto check = st.check_manifest(s.name, *m.commit);
-      if (check == store::ManifestCheck::matches) m.state = "verified";
-      if (check == store::ManifestCheck::changed) m.state = "corrupt";
+      auto known = std::find_if(m.revisions.begin(), m.revisions.end(), [&](const auto& r) { return r.first == *m.commit; });
+      m.state = known != m.revisions.end() ? known->second : revision_state(st, s.name, *m.commit);
     }
     out[s.name] = std::move(m);
   }
@@ -1109,8 +1156,23 @@ std::vector<ModelInfo> Deployer::model_list(const DiskModels& disk) const {
       i.size_bytes = s->second.size_bytes;
       i.commit = s->second.commit;
       i.state = s->second.state;
+      i.revisions = revisions_of(name, s->second.revisions);
     }
     out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::vector<RevisionInfo> Deployer::revisions_of(const std::string& model,
+                                                const std::vector<std::pair<std::string, std::string>>& on_disk) const {
+  std::vector<RevisionInfo> out;
+  const auto pulled = state_.pulled.find(model);
+  for (const auto& [commit, state] : on_disk) {
+    RevisionInfo r{commit, state};
+    r.pulled = pulled != state_.pulled.end() &&
+               std::find(pulled->second.begin(), pulled->second.end(), commit) != pulled->second.end();
+    r.in_service = state_.active && state_.active->model == model && state_.active->commit == commit;
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -1169,7 +1231,8 @@ asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig
   std::optional<std::string> active;
   if (state_.active) active = state_.active->model;
   const auto last_active = state_.last_active;
-  co_return co_await dry_run_plan(services_, m, allow_downtime, active, last_active);
+  const auto pulled = state_.pulled;
+  co_return co_await dry_run_plan(services_, m, allow_downtime, active, last_active, pulled);
 }
 
 asio::awaitable<std::optional<Error>> Deployer::unknown_model(const std::string& model) {
@@ -1227,6 +1290,27 @@ asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
   f.model = model;
   sys::logf(sys::Level::notice, f, "removed model {} ({} revision{}, {} freed)", model, r->commits.size(),
             r->commits.size() == 1 ? "" : "s", util::format_bytes(r->bytes_freed));
+  if (forget_pulled(model, std::nullopt)) co_await save_state(f);
+  co_return r;
+}
+
+asio::awaitable<Result<Removal>> Deployer::remove_revision(std::string model, std::string commit) {
+  if (auto unknown = co_await unknown_model(model)) co_return *unknown;
+  if (state_.active && state_.active->model == model && state_.active->commit == commit)
+    co_return make_error(Errc::model_active,
+                         fmt::format("revision {} of model {} is in service (served by {}); deploy another revision "
+                                     "or model before removing it",
+                                     commit, model, units::serve_unit(model)));
+  if (auto c = disk_conflict(model, "rm --commit")) co_return *c;
+  BusyGuard guard(busy_, model, "rm");
+  auto r = co_await remove_revision_from_disk(services_, model, commit);
+  if (!r) co_return r.error();
+  sys::Fields f;
+  f.model = model;
+  f.extra.emplace_back("MODELD_COMMIT", commit);
+  sys::logf(sys::Level::notice, f, "removed revision {} of model {} ({} freed)", commit, model,
+            util::format_bytes(r->bytes_freed));
+  if (forget_pulled(model, commit)) co_await save_state(f);
   co_return r;
 }
 

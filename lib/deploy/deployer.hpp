@@ -93,6 +93,7 @@ class Deployer final : public Engine {
   boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime) override;
   boost::asio::awaitable<Result<VerifyReport>> verify(std::string model) override;
   boost::asio::awaitable<Result<Removal>> remove(std::string model) override;
+  boost::asio::awaitable<Result<Removal>> remove_revision(std::string model, std::string commit) override;
   std::uint64_t subscribe(std::function<void(const Event&)> listener) override;
   void unsubscribe(std::uint64_t token) override;
   double uptime_s() const override;
@@ -148,6 +149,11 @@ class Deployer final : public Engine {
   boost::asio::awaitable<bool> already_serves(Running& r);
   // The journal line "nothing to do" of each step of the plan from index `next` on.
   void log_nothing_to_do(const Running& r, std::size_t next) const;
+  // A pull succeeded: its commit recorded as pulled in the daemon's state (unless it serves).
+  boost::asio::awaitable<void> apply_pulled(Running& r);
+  // Drops the pulled mark of `model` at `commit` (every commit: nullopt) from the daemon's
+  // state, not saved; returns whether there was one.
+  bool forget_pulled(const std::string& model, const std::optional<std::string>& commit);
   // The step an interrupted deployment continues from; nullopt: it rolls back.
   static std::optional<Step> resume_step(const Deployment& d);
   // At start: the active model's drop-in rewritten and its unit started unless it runs; sets
@@ -189,6 +195,9 @@ class Deployer final : public Engine {
   boost::asio::awaitable<Result<std::shared_ptr<const DiskModels>>> walk_store();
   // The configured models with what `disk` found of them; on the event loop, never blocks.
   std::vector<ModelInfo> model_list(const DiskModels& disk) const;
+  // The revisions of `model` that a walk found (commit, state), with their marks from the daemon's state.
+  std::vector<RevisionInfo> revisions_of(const std::string& model,
+                                         const std::vector<std::pair<std::string, std::string>>& on_disk) const;
   // The dry run of plan() for model `m` of the configuration plan() holds while it runs.
   boost::asio::awaitable<Result<PlanReport>> plan_now(const config::ModelConfig& m, bool allow_downtime);
 

@@ -32,8 +32,9 @@ constexpr util::NameTable<State, 5> kStates{{
     {State::rolled_back, "rolled_back"},
 }};
 
-constexpr util::NameTable<Kind, 1> kKinds{{
+constexpr util::NameTable<Kind, 2> kKinds{{
     {Kind::deploy, "deploy"},
+    {Kind::pull, "pull"},
 }};
 
 }  // namespace

@@ -27,6 +27,14 @@ struct Active {
   std::string since;  ///< RFC 3339
 };
 
+/// One revision of a model on disk (GET /v1/models "revisions").
+struct RevisionInfo {
+  std::string commit;
+  std::string state;        ///< "partial", "verified" or "corrupt"
+  bool pulled = false;      ///< pulled ahead and not deployed or removed since
+  bool in_service = false;  ///< the commit of the model in service
+};
+
 /// One configured model and what is on disk for it (GET /v1/models).
 struct ModelInfo {
   std::string name, repo, revision;
@@ -36,6 +44,7 @@ struct ModelInfo {
   bool active = false;
   bool pinned = false;
   std::optional<std::string> last_active;  ///< RFC 3339
+  std::vector<RevisionInfo> revisions;     ///< every revision on disk, by commit
 };
 
 /// A model that a plan would delete to make room, in the order it would go.
@@ -152,11 +161,14 @@ Event deployment_event(EventKind kind, const Deployment& d);
 /// event gives {model, watchdog} (the record as GET /v1/status's "watchdog" has it, never sent).
 nlohmann::json event_json(const Event& e);
 
-/// What `POST /v1/deployments` asks for (interface.md "Control API").
+/// What `POST /v1/deployments` asks for (interface.md "Control API"), or `POST
+/// /v1/models/{name}/pull` (kind pull).
 struct DeployRequest {
   std::string model;
   bool allow_downtime = false;
   bool restart = false;  ///< restart the model even when it already serves that commit with the same settings
+  Kind kind = Kind::deploy;
+  std::optional<std::string> commit;  ///< "commit": exactly this commit (40 lowercase hex), not the branch
 };
 
 /// What the control plane may ask of the deployment engine. All calls happen on the
@@ -195,6 +207,11 @@ class Engine {
   /// it as 409 model_active), when a running deployment deploys or replaces it, or while a
   /// verify or rm is in progress; io_error (also when models_dir/NAME is a real folder, left alone).
   virtual boost::asio::awaitable<Result<Removal>> remove(std::string model) = 0;
+  /// Deletes revision `commit` of `model` on the disk pool (and models_dir/NAME when it links
+  /// there), and its pulled mark. Errors: unknown_model; model_active when it is the commit in
+  /// service; not_found when that revision is not on disk; deployment_running as remove();
+  /// bad_request for a commit that is not 40 hex digits; io_error.
+  virtual boost::asio::awaitable<Result<Removal>> remove_revision(std::string model, std::string commit) = 0;
   /// Registers a listener for events; returns a token for unsubscribe().
   virtual std::uint64_t subscribe(std::function<void(const Event&)> listener) = 0;
   /// Removes a listener.

@@ -14,12 +14,14 @@ std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<stor
                                                           const config::Config& cfg, const std::string& target,
                                                           const std::optional<std::string>& active,
                                                           const std::map<std::string, std::string>& last_active,
-                                                          bool may_evict_active) {
+                                                          bool may_evict_active, const Pulled& pulled) {
   std::vector<store::EvictionCandidate> candidates;
   std::optional<store::EvictionCandidate> active_candidate;
   for (const auto& m : stored) {
     if (m.name == target) continue;
     if (const auto* mc = cfg.find_model(m.name); mc && mc->pinned) continue;
+    // Eviction deletes a whole model: one holding a revision pulled ahead is kept.
+    if (auto p = pulled.find(m.name); p != pulled.end() && !p->second.empty()) continue;
     auto la = last_active.find(m.name);
     store::EvictionCandidate c{m.name, m.size_bytes,
                                la == last_active.end() ? std::chrono::system_clock::time_point{}
@@ -41,7 +43,7 @@ std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<stor
 Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
                                           const std::optional<std::string>& active,
                                           const std::map<std::string, std::string>& last_active,
-                                          bool may_evict_active) {
+                                          bool may_evict_active, const Pulled& pulled) {
   const auto& cfg = *s.config;
   auto free = store::free_bytes(cfg.daemon.models_dir);
   if (!free) return free.error();
@@ -53,7 +55,8 @@ Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const
     return plan;
   }
   return store::plan_disk(need, *free, cfg.daemon.disk_reserve,
-                          eviction_candidates(s.store.list(), cfg, target, active, last_active, may_evict_active));
+                          eviction_candidates(s.store.list(), cfg, target, active, last_active, may_evict_active,
+                                                              pulled));
 }
 
 std::uint64_t bytes_still_needed(Services& s, const std::string& model, const std::string& commit,
@@ -79,9 +82,10 @@ DiskNeeds disk_needs(Services& s, const Run& run, const std::optional<std::strin
   n.need = bytes_still_needed(s, run.model.name, *run.record.commit, run.missing);
   if (n.need == 0) return n;
   // The active model is evicted only when planning put stopping_old first (allow_downtime).
-  n.plan = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, run.record.downtime_first);
+  n.plan = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, run.record.downtime_first,
+                             run.pulled);
   if (n.plan && !n.plan->fits && active && !run.record.downtime_first) {
-    auto with_active = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, true);
+    auto with_active = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, true, run.pulled);
     n.fits_with_active = with_active && with_active->fits;
   }
   return n;

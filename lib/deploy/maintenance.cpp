@@ -145,4 +145,13 @@ boost::asio::awaitable<Result<Removal>> remove_from_disk(Services& s, const std:
   });
 }
 
+boost::asio::awaitable<Result<Removal>> remove_revision_from_disk(Services& s, const std::string& name,
+                                                                  const std::string& commit) {
+  co_return co_await util::on_pool<Result<Removal>>(s.disk_pool, [&]() -> Result<Removal> {
+    auto freed = s.store.remove_revision(name, commit);
+    if (!freed) return freed.error();
+    return Removal{name, *freed, {commit}};
+  });
+}
+
 }  // namespace modeld::deploy

@@ -54,6 +54,7 @@ struct Run {
   const config::ModelConfig& model;        ///< the configuration the deployment started with
   std::optional<ActiveRecord> previous;    ///< the model that served when the run started
   std::map<std::string, std::string> last_active = {};  ///< model -> RFC 3339, for eviction order
+  Pulled pulled = {};  ///< revisions pulled ahead: their models are not evicted, cleanup spares them
   std::optional<repo::Snapshot> snapshot = {};  ///< after planning, with files filtered
   std::vector<repo::RepoFile> missing = {};     ///< files still to download, after planning
   std::set<std::string> fetched = {};           ///< paths hashed by this run (downloaded, or adopted)
@@ -89,6 +90,7 @@ struct Planned {
   std::uint64_t bytes_total = 0;         ///< listed bytes of `missing`
   unsigned files_total = 0;              ///< files in `missing`
   bool downtime_first = false;           ///< allow_downtime and only evicting the active model makes room
+  bool already_verified = false;         ///< the commit was on disk and verified: nothing to fetch
 };
 
 /// What freeing_disk deleted.
@@ -162,13 +164,14 @@ boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, c
                                                                  const std::string& revision);
 
 /// The eviction candidates of freeing_disk among `stored`: every model but the target, pinned
-/// ones and (unless `may_evict_active`) the active one, with when it last served (`last_active`,
-/// model -> RFC 3339). The active model, when allowed, goes last whatever its time says.
+/// ones, those with a revision in `pulled` and (unless `may_evict_active`) the active one, with
+/// when it last served (`last_active`, model -> RFC 3339). The active model, when allowed, goes
+/// last whatever its time says.
 std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<store::StoredModel>& stored,
                                                           const config::Config& config, const std::string& target,
                                                           const std::optional<std::string>& active,
                                                           const std::map<std::string, std::string>& last_active,
-                                                          bool may_evict_active);
+                                                          bool may_evict_active, const Pulled& pulled = {});
 
 /// New disk space a download of `missing` into revision `commit` of `model` still takes, in
 /// bytes: the listed sizes minus the partial bytes already on disk (they resume). Blocks (a walk
@@ -178,20 +181,22 @@ std::uint64_t bytes_still_needed(Services& s, const std::string& model, const st
 
 /// The disk side of freeing_disk without deleting anything: `need` bytes still to download
 /// (partial bytes already deducted) against free space minus disk_reserve, with the models to
-/// evict. A plan that needs nothing fits and evicts nothing. Errors: io_error (statvfs). Blocks
-/// (statvfs, a walk of the store): call it on the disk pool.
+/// evict (never one with a revision in `pulled`). A plan that needs nothing fits and evicts
+/// nothing. Errors: io_error (statvfs). Blocks (statvfs, a walk of the store): call it on the disk pool.
 Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
                                           const std::optional<std::string>& active,
                                           const std::map<std::string, std::string>& last_active,
-                                          bool may_evict_active);
+                                          bool may_evict_active, const Pulled& pulled = {});
 
 /// The dry run behind `modelctl plan`: list_planned_files, the store's dry-run of linking
 /// (Store::plan_missing), partial bytes and plan_freeing_disk, disk work on the disk pool;
-/// changes nothing on disk. `active` is the model in service. Errors as list_planned_files, io_error.
+/// changes nothing on disk. `active` is the model in service; models with a revision in `pulled`
+/// are not evicted. Errors as list_planned_files, io_error.
 boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
                                                                bool allow_downtime,
                                                                const std::optional<std::string>& active,
-                                                               const std::map<std::string, std::string>& last_active);
+                                                               const std::map<std::string, std::string>& last_active,
+                                                               const Pulled& pulled = {});
 
 /// `modelctl verify`: on the disk pool, re-hashes every file of the revision models_dir/NAME
 /// points to (else the newest verified one) against its manifest and runs verify's structural
@@ -210,6 +215,11 @@ boost::asio::awaitable<bool> files_still_trusted(Services& s, const std::string&
 /// `modelctl rm`: on the disk pool, Store::remove_model (store folders and link, never through
 /// a symlink out of models_dir). Errors as remove_model.
 boost::asio::awaitable<Result<Removal>> remove_from_disk(Services& s, const std::string& name);
+
+/// `modelctl rm --commit`: on the disk pool, Store::remove_revision (one revision, and the link
+/// when it points there). Errors as remove_revision.
+boost::asio::awaitable<Result<Removal>> remove_revision_from_disk(Services& s, const std::string& name,
+                                                                  const std::string& commit);
 
 /// planning: resolve the revision to a commit (the record's commit when it has one: a resumed
 /// deployment keeps it), list and filter files, refuse needed files that the filters drop, record
@@ -290,7 +300,8 @@ boost::asio::awaitable<Result<Benchmarked>> run_benchmarking(Services& s, const 
 
 /// cleanup (after health_checking, shown as that phase): on the disk pool, deletes the revisions
 /// of the run's model other than `keep_commit` (the commit in service) and the one models_dir/NAME
-/// links. Not cancellable; safe to run again. Errors: io_error (the deployment still succeeds).
+/// links, and those pulled ahead (Run::pulled). Not cancellable; safe to run again. Errors:
+/// io_error (the deployment still succeeds).
 boost::asio::awaitable<Result<Cleaned>> run_cleanup(Services& s, const Run& run, const std::string& keep_commit);
 
 /// rolling_back: stop the new service, restore the previous model's link and service, wait for

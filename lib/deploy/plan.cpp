@@ -218,10 +218,10 @@ namespace {
 // Whether stopping_old must come before freeing_disk: allow_downtime, and only evicting the
 // active model makes room for `need` bytes. Blocks (statvfs, a walk of the store).
 Result<bool> downtime_first_needed(Services& s, const Run& run, std::uint64_t need) {
-  auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false);
+  auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false, run.pulled);
   if (!without) return without.error();
   if (without->fits) return false;
-  auto with = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, true);
+  auto with = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, true, run.pulled);
   if (!with) return with.error();
   const bool evicts_active = std::any_of(with->evict.begin(), with->evict.end(),
                                          [&](const auto& c) { return c.name == run.previous->model; });
@@ -273,6 +273,7 @@ boost::asio::awaitable<Result<Planned>> run_planning(Services& s, const Run& run
               linked->changed.size(), linked->changed.size() == 1 ? "" : "s", run.model.name,
               kept.commit.substr(0, 12), linked->changed.size() == 1 ? "it was" : "they were",
               fmt::join(linked->changed, ", "), linked->changed.size() == 1 ? "it" : "them");
+  p.already_verified = !linked->missing;
   if (!linked->missing) {
     sys::logf(sys::Level::info, run.fields(), "{} at {} ({}): {} files, {}, already on disk and verified",
               run.model.repo, revision, kept.commit.substr(0, 12), kept.files.size(), util::format_bytes(total));
@@ -297,7 +298,8 @@ namespace {
 // Blocking (stats and tree walks): runs on the disk pool.
 Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, const repo::Snapshot& listed,
                                 PlanReport p, const std::optional<std::string>& active,
-                                const std::map<std::string, std::string>& last_active, bool allow_downtime) {
+                                const std::map<std::string, std::string>& last_active, bool allow_downtime,
+                                const Pulled& pulled) {
   std::vector<repo::RepoFile> missing;
   if (s.store.manifest_still_matches(model.name, p.commit)) {
     p.verified = true;
@@ -324,7 +326,7 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
   p.bytes_local = p.bytes_total - p.bytes_to_fetch;
   p.bytes_partial = missing.empty() ? 0 : s.store.partial_bytes(model.name, p.commit);
   p.bytes_needed = p.bytes_to_fetch > p.bytes_partial ? p.bytes_to_fetch - p.bytes_partial : 0;
-  auto plan = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, allow_downtime);
+  auto plan = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, allow_downtime, pulled);
   if (!plan) return plan.error();
   p.bytes_free = plan->bytes_free;
   p.fits = plan->fits;
@@ -342,7 +344,7 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
   if (model.serve.warm == "off") p.warming = "off";
   else if (!p.rollback_possible) p.warming = "in_outage";
   if (!p.fits && !allow_downtime && active) {
-    auto with_active = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, true);
+    auto with_active = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, true, pulled);
     p.fits_with_allow_downtime = with_active && with_active->fits;
   }
   if (!p.fits) {
@@ -357,7 +359,8 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
 
 boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
                                                         bool allow_downtime, const std::optional<std::string>& active,
-                                                        const std::map<std::string, std::string>& last_active) {
+                                                        const std::map<std::string, std::string>& last_active,
+                                                        const Pulled& pulled) {
   auto listed = co_await list_planned_files(s, model, model.revision);
   if (!listed) co_return listed.error();
   PlanReport p;
@@ -375,7 +378,7 @@ boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const confi
   // own disk work would be, and with the same functions, minus every change. The job captures
   // by reference only (GCC 12 mis-copies class objects captured by value in a coroutine).
   co_return co_await util::on_pool<Result<PlanReport>>(
-      s.disk_pool, [&] { return plan_on_disk(s, model, *listed, p, active, last_active, allow_downtime); });
+      s.disk_pool, [&] { return plan_on_disk(s, model, *listed, p, active, last_active, allow_downtime, pulled); });
 }
 
 }  // namespace modeld::deploy

@@ -4,8 +4,10 @@
 
 #include "deploy/started.hpp"
 
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace modeld::deploy {
 
@@ -17,5 +19,8 @@ struct ActiveRecord {
   /// What its service was started with; nullopt in a state.json written before it was kept.
   std::optional<StartedSettings> started = {};
 };
+
+/// Revisions pulled ahead and not deployed or removed since: model -> commits.
+using Pulled = std::map<std::string, std::vector<std::string>>;
 
 }  // namespace modeld::deploy

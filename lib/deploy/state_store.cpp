@@ -71,6 +71,7 @@ Result<DaemonState> StateStore::load() const {
       s.active = record(j["active"]);
     if (j.contains("last_active"))
       s.last_active = j["last_active"].get<std::map<std::string, std::string>>();
+    if (j.contains("pulled")) s.pulled = j["pulled"].get<Pulled>();
     return s;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::io_error, path.string() + ": not a valid state file: " + e.what());
@@ -89,6 +90,7 @@ Result<void> StateStore::save(const DaemonState& s) {
   // The first service also as "active", the form a modeld from before the list reads.
   j["active"] = s.active ? record(*s.active) : nlohmann::json(nullptr);
   j["last_active"] = s.last_active;
+  j["pulled"] = s.pulled;
   return util::write_file_atomically(dir_ / "state.json", util::dump_json(j, 2) + "\n", 0600);
 }
 

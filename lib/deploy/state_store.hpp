@@ -42,6 +42,9 @@ class InService {
 struct DaemonState {
   InService active;  ///< the models in service ("services" in state.json, plus "active" for older readers)
   std::map<std::string, std::string> last_active;  ///< model -> RFC 3339 of when it last served
+  /// model -> commits pulled ahead (`modelctl pull`) and not deployed or removed since: spared
+  /// from eviction and from the cleanup of older revisions ("pulled" in state.json).
+  Pulled pulled;
 };
 
 /// Reads and writes state_dir.
@@ -55,7 +58,7 @@ class StateStore {
   /// Reads state.json; an absent file is an empty state; a corrupt one is io_error naming it
   /// (never silently replaced: an operator must look). Reads the list of services (with the
   /// settings each was started with, "started", when recorded), or the single "active" object
-  /// of a file written before it. Blocks.
+  /// of a file written before it; a file without "pulled" has none. Blocks.
   Result<DaemonState> load() const;
 
   /// Replaces state.json atomically ("services" and, for older readers, "active"); io_error.

@@ -22,7 +22,10 @@ std::string_view to_string(Step s) noexcept {
   return s == Step::cleanup ? std::string_view("cleanup") : to_string(phase_of(s));
 }
 
-std::vector<PlannedStep> plan_steps(Kind, bool downtime_first) {
+std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first) {
+  // A pull stages a revision ahead: it never stops, starts or probes a service.
+  if (kind == Kind::pull)
+    return {{Step::planning, false}, {Step::freeing_disk, false}, {Step::downloading, false}, {Step::verifying, false}};
   // Planning, freeing_disk, downloading and verifying leave the model in service alone (a large
   // download takes hours while it keeps serving and being watched); so does cleanup, which spares
   // the revision in service; warming only reads the new revision's files into the page cache.

@@ -29,7 +29,8 @@ std::string_view to_string(Step s) noexcept;
 
 /// The ordered steps of a deployment of kind `kind`; with `downtime_first` (allow_downtime and a
 /// disk plan that evicts the active model) stopping_old comes right after planning, so warming
-/// (after verifying) runs while nothing serves.
+/// (after verifying) runs while nothing serves. A pull is planning, freeing_disk, downloading
+/// and verifying, none touching the service.
 std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first);
 
 }  // namespace modeld::deploy

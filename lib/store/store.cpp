@@ -225,27 +225,51 @@ Result<std::uint64_t> Store::remove_model(const std::string& name) {
   return freed;
 }
 
-Result<std::uint64_t> Store::remove_other_revisions(const std::string& name, const std::string& keep_commit) {
+Result<std::uint64_t> Store::remove_other_revisions(const std::string& name, const std::string& keep_commit,
+                                                    const std::vector<std::string>& spare) {
   if (auto r = detail::check_names(name, keep_commit); !r) return r.error();
+  // The revision the link points to is never deleted, even when the caller names another.
+  const auto linked = linked_commit(name);
+  return remove_revisions_if(name, [&](const std::string& c) {
+    return c != keep_commit && !(linked && c == *linked) && std::find(spare.begin(), spare.end(), c) == spare.end();
+  });
+}
+
+Result<std::uint64_t> Store::remove_revision(const std::string& name, const std::string& commit) {
+  if (auto r = detail::check_names(name, commit); !r) return r.error();
+  if (!util::is_commit_id(commit))
+    return make_error(Errc::bad_request, fmt::format("'{}' is not a commit id (40 hex digits)", commit));
+  const auto rev = revision_dir(name, commit);
+  if (!is_real_directory(models_dir_ / ".store") || !is_real_directory(rev))
+    return make_error(Errc::not_found, fmt::format("model {} has no revision {} on disk", name, commit));
+  // A link to the revision would dangle: it goes first (the caller refuses the one in service).
+  if (linked_commit(name) == commit) {
+    const auto link = model_path(name);
+    if (::unlink(link.c_str()) != 0 && errno != ENOENT) return util::errno_error(errno, link, "remove link");
+    if (auto r = util::fsync_directory(models_dir_); !r) return r.error();
+  }
+  return remove_revisions_if(name, [&](const std::string& c) { return c == commit; });
+}
+
+Result<std::uint64_t> Store::remove_revisions_if(const std::string& name,
+                                                 const std::function<bool(const std::string&)>& doomed_if) {
   const auto store_root = models_dir_ / ".store";
   const auto dir = store_root / name;
   if (!is_real_directory(store_root) || !is_real_directory(dir)) return std::uint64_t{0};
-  // The revision the link points to is never deleted, even when the caller names another.
-  const auto linked = linked_commit(name);
   // Files the kept revisions share by hard link are not freed by deleting the others.
   std::set<detail::InodeKey> seen;
-  detail::collect_inodes(revision_dir(name, keep_commit), seen);
-  if (linked && *linked != keep_commit) detail::collect_inodes(revision_dir(name, *linked), seen);
-  const auto kept = [&](const std::string& c) { return c == keep_commit || (linked && c == *linked); };
   std::vector<std::string> doomed;
   std::set<detail::InodeKey> unlinked;  // inodes whose link count the removal changes
-  for (const auto& c : subdirectories(dir))
-    if (!kept(c)) {
-      doomed.push_back(c);
-      detail::collect_inodes(dir / c, unlinked);
+  for (const auto& c : subdirectories(dir)) {
+    if (!doomed_if(c)) {
+      detail::collect_inodes(dir / c, seen);
+      continue;
     }
+    doomed.push_back(c);
+    detail::collect_inodes(dir / c, unlinked);
+  }
   detail::Relinking relinking(*this, unlinked, [&](const std::string& n, const std::string& c) {
-    return n == name && !kept(c);
+    return n == name && doomed_if(c);
   });
   std::uint64_t freed = 0;
   for (const auto& c : doomed) {

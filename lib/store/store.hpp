@@ -240,14 +240,26 @@ class Store {
   /// user's folder is left alone, nothing is deleted) or a removal fails. Blocks.
   Result<std::uint64_t> remove_model(const std::string& name);
 
-  /// Deletes the revisions of `name` other than `keep_commit` (after a successful switch) and
-  /// other than the one the link points to, and re-records the ctime of the files the kept
-  /// revisions shared with them (their link count changed); returns the bytes freed (files still
-  /// linked from a kept revision not counted). bad_request for an invalid name or commit,
-  /// io_error. Blocks.
-  Result<std::uint64_t> remove_other_revisions(const std::string& name, const std::string& keep_commit);
+  /// Deletes the revisions of `name` other than `keep_commit` (after a successful switch), those
+  /// in `spare` (pulled ahead) and the one the link points to, and re-records the ctime of the
+  /// files the kept revisions shared with them (their link count changed); returns the bytes freed
+  /// (files still linked from a kept revision not counted). bad_request for an invalid name or
+  /// commit, io_error. Blocks.
+  Result<std::uint64_t> remove_other_revisions(const std::string& name, const std::string& keep_commit,
+                                               const std::vector<std::string>& spare = {});
+
+  /// Deletes revision `commit` of `name` (and models_dir/NAME when it links there), re-recording
+  /// the ctime of the files other revisions shared with it; returns the bytes freed (files still
+  /// linked from another revision not counted). bad_request for an invalid name or commit,
+  /// not_found when the revision is not on disk, io_error. Blocks.
+  Result<std::uint64_t> remove_revision(const std::string& name, const std::string& commit);
 
  private:
+  // Deletes the revisions of `name` for which `doomed` holds, counting as freed only files no
+  // other revision links; the one implementation of remove_other_revisions and remove_revision.
+  Result<std::uint64_t> remove_revisions_if(const std::string& name,
+                                            const std::function<bool(const std::string&)>& doomed);
+
   // The one implementation behind link_unchanged_and_list_missing (link = true) and
   // plan_missing (link = false, nothing on disk changes).
   Result<MissingFiles> find_missing(const std::string& name, const repo::Snapshot& snapshot, bool link);

@@ -9,6 +9,10 @@
 
 namespace modeld::util {
 
+bool is_commit_id(std::string_view s) noexcept {
+  return s.size() == 40 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
 std::string to_hex(std::span<const unsigned char> bytes) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;

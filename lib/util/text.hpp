@@ -26,6 +26,9 @@ std::string compact_utc_stamp(std::chrono::system_clock::time_point t);
 /// Lower-case hex of `bytes` (two characters per byte).
 std::string to_hex(std::span<const unsigned char> bytes);
 
+/// Whether `s` is a full commit id as the Hub writes it: 40 lower-case hex digits.
+bool is_commit_id(std::string_view s) noexcept;
+
 /// Whether `path` matches the glob `pattern` as huggingface_hub's fnmatch does: '*' also
 /// matches '/', '?' one character, '[...]' a set (fnmatch(3) without FNM_PATHNAME).
 bool glob_match(std::string_view pattern, std::string_view path);

@@ -83,6 +83,8 @@ class FakeEngine : public deploy::Engine {
                              model, deploy::State::running);
     d.allow_downtime = allow_downtime;
     d.restart = request.restart;
+    d.kind = request.kind;
+    d.commit = request.commit;
     deployments.insert(deployments.begin(), d);
     return d;
   }
@@ -114,6 +116,13 @@ class FakeEngine : public deploy::Engine {
     if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
     if (active_model && active_model->model == model)
       co_return make_error(Errc::model_active, "model " + model + " is active");
+    co_return remove_result;
+  }
+  boost::asio::awaitable<Result<deploy::Removal>> remove_revision(std::string model, std::string commit) override {
+    asked.push_back("remove " + model + " " + commit);
+    if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
+    if (active_model && active_model->model == model && active_model->commit == commit)
+      co_return make_error(Errc::model_active, "revision " + commit + " of " + model + " is in service");
     co_return remove_result;
   }
   std::uint64_t subscribe(std::function<void(const deploy::Event&)> listener) override {

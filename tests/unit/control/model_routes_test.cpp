@@ -199,6 +199,44 @@ TEST_CASE("rm of a model a running deployment uses is 409 deployment_running, of
   require_error(call(e, "DELETE", "/v1/models/ghost"), 404, "unknown_model");
 }
 
+TEST_CASE("a pull starts a record of kind pull and answers 202 with it") {
+  FakeEngine e;
+  auto r = call(e, "POST", "/v1/models/llama/pull");
+  REQUIRE(r.status == 202);
+  CHECK(body_of(r)["kind"] == "pull");
+  CHECK(body_of(r)["model"] == "llama");
+  REQUIRE(e.deployments.size() == 1);
+  CHECK(e.deployments[0].kind == deploy::Kind::pull);
+  CHECK_FALSE(e.deployments[0].commit);
+}
+
+TEST_CASE("a pull is refused 403 to a stranger, 404 for an unknown model, 405 for GET, 409 while a record runs") {
+  FakeEngine e;
+  require_error(call(e, "POST", "/v1/models/llama/pull", stranger), 403, "forbidden");
+  CHECK(e.starts == 0);
+  CHECK(call(e, "POST", "/v1/models/llama/pull", root).status == 202);
+  require_error(call(e, "POST", "/v1/models/ghost/pull"), 404, "unknown_model");
+  auto get = call(e, "GET", "/v1/models/llama/pull");
+  CHECK(get.status == 405);
+  CHECK(get.headers == std::vector<std::pair<std::string, std::string>>{{"Allow", "POST"}});
+  // The pull runs: a deploy and another pull are refused (the real rule: deployer_test.cpp).
+  require_error(call(e, "POST", "/v1/models/kimi-k2-5/pull"), 409, "deployment_running");
+}
+
+TEST_CASE("rm with ?commit= removes that revision, refuses the one in service and a malformed commit") {
+  FakeEngine e;
+  const std::string c(40, 'c');
+  e.remove_result = deploy::Removal{"llama", 10, {c}};
+  auto r = call(e, "DELETE", "/v1/models/llama?commit=" + c);
+  REQUIRE(r.status == 200);
+  CHECK(body_of(r) == json{{"model", "llama"}, {"bytes_freed", 10}, {"commits", {c}}});
+  CHECK(e.asked == std::vector<std::string>{"remove llama " + c});
+  require_error(call(e, "DELETE", "/v1/models/llama?commit=main"), 400, "bad_request");
+  CHECK(e.asked.size() == 1);
+  e.active_model = deploy::Active{"llama", c, "modeld-serve@llama.service", 8000, "2026-11-29T19:00:00Z"};
+  require_error(call(e, "DELETE", "/v1/models/llama?commit=" + c), 409, "model_active");
+}
+
 TEST_CASE("handle_async answers the other routes as handle does") {
   FakeEngine e;
   auto r = call(e, "GET", "/v1/status");

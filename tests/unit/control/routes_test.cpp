@@ -138,9 +138,43 @@ TEST_CASE("models lists every configured model with the contract's fields") {
   REQUIRE(j["models"].size() == 2);
   CHECK(j["models"][0] == json{{"name", "llama"}, {"repo", "meta/llama"}, {"revision", "main"},
                                {"commit", "abc"}, {"state", "verified"}, {"size_bytes", 1234},
-                               {"active", true}, {"pinned", false}, {"last_active", nullptr}});
+                               {"active", true}, {"pinned", false}, {"last_active", nullptr},
+                               {"revisions", json::array()}});
   CHECK(j["models"][1]["commit"].is_null());
   CHECK(j["models"][1]["pinned"] == true);
+}
+
+TEST_CASE("models lists each model's revisions on disk with their state and marks") {
+  FakeEngine e;
+  deploy::ModelInfo m;
+  m.name = "llama";
+  m.state = "verified";
+  m.revisions = {{std::string(40, 'a'), "verified", false, true}, {std::string(40, 'b'), "partial", true, false}};
+  e.configured = {m};
+  auto j = body_of(call(e, "GET", "/v1/models"));
+  CHECK(j["models"][0]["revisions"] ==
+        json::array({{{"commit", std::string(40, 'a')}, {"state", "verified"}, {"pulled", false}, {"in_service", true}},
+                     {{"commit", std::string(40, 'b')}, {"state", "partial"}, {"pulled", true}, {"in_service", false}}}));
+}
+
+TEST_CASE("a deploy body's commit is passed on, and one that is not 40 lowercase hex digits is 400") {
+  FakeEngine e;
+  const std::string c(40, 'e');
+  auto r = call(e, "POST", "/v1/deployments", R"({"model": "llama", "commit": ")" + c + R"("})");
+  REQUIRE(r.status == 202);
+  CHECK(body_of(r)["commit"] == c);
+  CHECK(e.deployments.at(0).commit == c);
+  CHECK(e.deployments.at(0).kind == deploy::Kind::deploy);
+  for (const std::string& bad : std::vector<std::string>{R"("main")", R"(7)", "\"" + std::string(40, 'E') + "\"",
+                                                        "\"" + std::string(39, 'e') + "\""}) {
+    CAPTURE(bad);
+    auto refused = call(e, "POST", "/v1/deployments", R"({"model": "llama", "commit": )" + bad + "}");
+    require_error(refused, 400, "bad_request");
+    CHECK_THAT(body_of(refused)["error"]["message"].get<std::string>(), Catch::Contains("\"commit\""));
+  }
+  CHECK(e.starts == 1);
+  auto unknown = call(e, "POST", "/v1/deployments", R"({"model": "llama", "comit": "x"})");
+  CHECK_THAT(body_of(unknown)["error"]["message"].get<std::string>(), Catch::Contains("model, allow_downtime, restart, commit"));
 }
 
 TEST_CASE("a member starts a deployment and gets 202 with the DEPLOYMENT") {

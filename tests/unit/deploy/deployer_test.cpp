@@ -154,6 +154,7 @@ struct Fixture {
   test::FakeUnits units;
   std::map<std::string, Error> not_ready;  // model -> what readiness answers instead of ready
   std::map<std::string, int> ready_waits;  // model -> readiness waits
+  std::vector<std::string> hub_targets;    // every request the Hub got, in order
   std::vector<nlohmann::json> phase_events, state_events;
   std::vector<std::pair<std::string, std::string>> texts;  ///< every SSE event: its name and data text
   std::vector<deploy::Event> watcher_events;
@@ -232,6 +233,7 @@ struct Fixture {
 
   asio::awaitable<void> answer(Exchange& ex) {
     const std::string target(ex.request.target());
+    hub_targets.push_back(target);
     const std::string file_prefix = "/acme/new/resolve/" + kNew + "/";
     if (target.starts_with("/api/models/acme/new/revision/")) {
       co_await listing_gate.pass();
@@ -1238,4 +1240,209 @@ TEST_CASE("a redeploy of the model that serves with the same settings restarts i
   CHECK(end.changed);
   CHECK(fx.position("start " + kOldUnit) >= 0);
   CHECK(fx.units.state_of(kOldUnit) == "active");
+}
+
+// ---- staging ahead: pull, deploy --commit, revisions ----
+
+namespace {
+
+const std::string kPulled(40, 'd');  // a revision of "new" pulled ahead earlier
+
+deploy::DeployRequest pull_of(const std::string& model) {
+  deploy::DeployRequest r{model};
+  r.kind = deploy::Kind::pull;
+  return r;
+}
+
+// Unit calls that start, stop or restart something (a pull makes none).
+std::vector<std::string> service_calls(const test::FakeUnits& units) {
+  std::vector<std::string> out;
+  for (const auto& c : units.unit_calls)
+    if (!c.starts_with("reset_failed ")) out.push_back(c);
+  return out;
+}
+
+// The revisions GET /v1/models lists for `model`.
+std::vector<deploy::RevisionInfo> revisions_of(Fixture& fx, const std::string& model) {
+  for (const auto& m : fx.run(fx.deployer->models()))
+    if (m.name == model) return m.revisions;
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("a pull runs planning to verifying as a record of kind pull, touches no service and records the commit") {
+  Fixture fx;
+  fx.boot();
+  auto d = fx.deployer->start(pull_of("new"));
+  REQUIRE(d);
+  CHECK(d->kind == deploy::Kind::pull);
+  auto end = fx.wait_end(d->id);
+  INFO((end.error ? end.error->message : std::string("no error")));
+  CHECK(end.state == State::succeeded);
+  CHECK(end.changed);
+  CHECK(end.commit == kNew);
+  CHECK(fx.phases() == std::vector<Phase>{Phase::planning, Phase::freeing_disk, Phase::downloading, Phase::verifying});
+  CHECK(service_calls(fx.units).empty());
+  check_old_untouched(fx);
+  CHECK(fx.store.manifest_still_matches("new", kNew));
+  CHECK_FALSE(fx.store.linked_commit("new"));
+  auto st = fx.states.load();
+  REQUIRE(st);
+  CHECK(st->pulled == deploy::Pulled{{"new", {kNew}}});
+  auto revs = revisions_of(fx, "new");
+  REQUIRE(revs.size() == 1);
+  CHECK(revs[0].commit == kNew);
+  CHECK(revs[0].state == "verified");
+  CHECK(revs[0].pulled);
+  CHECK_FALSE(revs[0].in_service);
+  auto old = revisions_of(fx, "old");
+  REQUIRE(old.size() == 1);
+  CHECK(old[0].in_service);
+  CHECK_FALSE(old[0].pulled);
+  // The record reads back as a pull.
+  auto hist = fx.states.load_history(1);
+  REQUIRE(hist.size() == 1);
+  CHECK(hist[0].kind == deploy::Kind::pull);
+}
+
+TEST_CASE("a pull of a commit already verified on disk succeeds with changed false and fetches nothing") {
+  Fixture fx;
+  fx.put_verified("new", kNew, false);
+  fx.boot();
+  auto d = fx.deployer->start(pull_of("new"));
+  REQUIRE(d);
+  auto end = fx.wait_end(d->id);
+  CHECK(end.state == State::succeeded);
+  CHECK_FALSE(end.changed);
+  for (const auto& t : fx.hub_targets) CHECK_FALSE(t.starts_with("/acme/new/resolve/"));
+  CHECK(service_calls(fx.units).empty());
+}
+
+TEST_CASE("a deploy while a pull runs is refused as deployment_running, and so is a pull while a deployment runs") {
+  Fixture fx;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto p = fx.deployer->start(pull_of("new"));
+  REQUIRE(p);
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  for (const auto& r : {deploy::DeployRequest{"new"}, deploy::DeployRequest{"spare"}, pull_of("spare")}) {
+    auto again = fx.deployer->start(r);
+    REQUIRE_FALSE(again);
+    CHECK(modeld::to_string(again.error().code) == std::string_view("deployment_running"));
+  }
+  fx.file_gate.release();
+  CHECK(fx.wait_end(p->id).state == State::succeeded);
+  fx.state_events.clear();
+
+  fx.listing_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.listing_gate.waiting == 1; }));
+  auto pull = fx.deployer->start(pull_of("spare"));
+  REQUIRE_FALSE(pull);
+  CHECK(modeld::to_string(pull.error().code) == std::string_view("deployment_running"));
+  fx.listing_gate.release();
+  check_new_serves(fx, fx.wait_end(d.id));
+}
+
+TEST_CASE("deploy with a commit lists the Hub at that commit, never the branch, and keeps it in the record") {
+  Fixture fx;
+  fx.boot();
+  deploy::DeployRequest r{"new"};
+  r.commit = kNew;
+  auto d = fx.deployer->start(r);
+  REQUIRE(d);
+  CHECK(d->commit == kNew);
+  check_new_serves(fx, fx.wait_end(d->id));
+  REQUIRE_FALSE(fx.hub_targets.empty());
+  for (const auto& t : fx.hub_targets) {
+    CAPTURE(t);
+    CHECK(t.find("/revision/main") == std::string::npos);
+  }
+  CHECK(std::any_of(fx.hub_targets.begin(), fx.hub_targets.end(),
+                    [](const std::string& t) { return t.starts_with("/api/models/acme/new/revision/" + kNew); }));
+  CHECK(fx.states.load_history(1).at(0).commit == kNew);
+}
+
+TEST_CASE("a deploy of a pulled commit fetches no file, drops its mark, and its cleanup spares other pulled revisions") {
+  Fixture fx;
+  const std::string stale(40, 'f');  // an older revision nothing spares
+  fx.put_verified("new", kPulled, false);
+  fx.put_files("new", stale);
+  auto seeded = fx.states.load();
+  REQUIRE(seeded);
+  seeded->pulled["new"] = {kPulled};
+  REQUIRE(fx.states.save(*seeded).has_value());
+  fx.boot();
+  auto p = fx.deployer->start(pull_of("new"));
+  REQUIRE(p);
+  REQUIRE(fx.wait_end(p->id).state == State::succeeded);
+  REQUIRE(fx.states.load()->pulled == deploy::Pulled{{"new", {kPulled, kNew}}});
+  fx.hub_targets.clear();
+  fx.phase_events.clear();
+  fx.state_events.clear();
+  deploy::DeployRequest r{"new"};
+  r.commit = kNew;
+  auto d = fx.deployer->start(r);
+  REQUIRE(d);
+  check_new_serves(fx, fx.wait_end(d->id));
+  for (const auto& t : fx.hub_targets) CHECK_FALSE(t.starts_with("/acme/new/resolve/"));
+  CHECK(fs::exists(fx.store.revision_dir("new", kPulled)));
+  CHECK_FALSE(fs::exists(fx.store.revision_dir("new", stale)));
+  auto after = fx.states.load();
+  REQUIRE(after);
+  CHECK(after->pulled == deploy::Pulled{{"new", {kPulled}}});
+  auto revs = revisions_of(fx, "new");
+  REQUIRE(revs.size() == 2);
+  for (const auto& rev : revs) CHECK(rev.in_service == (rev.commit == kNew));
+}
+
+TEST_CASE("freeing_disk never evicts a model holding a pulled revision") {
+  deploy::Pulled pulled{{"spare", {kSpare}}};
+  config::Config cfg;
+  std::vector<store::StoredModel> stored{{"spare", std::nullopt, {kSpare}, 10}, {"other", std::nullopt, {kOld}, 20}};
+  auto c = deploy::eviction_candidates(stored, cfg, "new", std::nullopt, {}, false, pulled);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].name == "other");
+}
+
+TEST_CASE("rm of one revision removes it and its mark, and refuses the commit in service as model_active") {
+  Fixture fx;
+  fx.boot();
+  auto p = fx.deployer->start(pull_of("new"));
+  REQUIRE(p);
+  REQUIRE(fx.wait_end(p->id).state == State::succeeded);
+  auto active = fx.run(fx.deployer->remove_revision("old", kOld));
+  REQUIRE_FALSE(active);
+  CHECK(modeld::to_string(active.error().code) == std::string_view("model_active"));
+  CHECK(fs::exists(fx.store.revision_dir("old", kOld)));
+  auto rm = fx.run(fx.deployer->remove_revision("new", kNew));
+  INFO((rm ? std::string("removed") : rm.error().message));
+  REQUIRE(rm);
+  CHECK(rm->commits == std::vector<std::string>{kNew});
+  CHECK_FALSE(fs::exists(fx.store.revision_dir("new", kNew)));
+  auto st = fx.states.load();
+  REQUIRE(st);
+  CHECK(st->pulled.empty());
+  auto gone = fx.run(fx.deployer->remove_revision("new", kNew));
+  REQUIRE_FALSE(gone);
+  CHECK(modeld::to_string(gone.error().code) == std::string_view("not_found"));
+}
+
+TEST_CASE("a pull interrupted by a restart continues from planning and ends as an uninterrupted one") {
+  const auto recorded = GENERATE(Phase::planning, Phase::downloading, Phase::verifying);
+  CAPTURE(deploy::to_string(recorded));
+  Fixture fx;
+  fx.leave_crashed_in(recorded);
+  auto d = fx.states.load_history(1).at(0);
+  d.kind = deploy::Kind::pull;
+  REQUIRE(fx.states.save_deployment(d).has_value());
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  CHECK(end.state == State::succeeded);
+  CHECK(end.kind == deploy::Kind::pull);
+  CHECK(fx.phases() == std::vector<Phase>{Phase::planning, Phase::freeing_disk, Phase::downloading, Phase::verifying});
+  CHECK(service_calls(fx.units).empty());
+  check_old_untouched(fx);
+  CHECK(fx.states.load()->pulled == deploy::Pulled{{"new", {kNew}}});
 }

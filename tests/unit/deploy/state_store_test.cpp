@@ -174,3 +174,20 @@ TEST_CASE("state.json keeps the settings each service was started with, and one 
   REQUIRE(back->active->started);
   CHECK(*back->active->started == started);
 }
+
+TEST_CASE("pulled revisions are kept in state.json, and a file without them loads with none") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  DaemonState st;
+  st.pulled["kimi"] = {std::string(40, 'd'), std::string(40, 'e')};
+  REQUIRE(s.save(st).has_value());
+  auto back = s.load();
+  REQUIRE(back.has_value());
+  CHECK(back->pulled == st.pulled);
+  std::ofstream(t.path / "state.json", std::ios::trunc)
+      << R"({"active": null, "services": [], "last_active": {}})";
+  back = s.load();
+  REQUIRE(back.has_value());
+  CHECK(back->pulled.empty());
+}

@@ -48,3 +48,11 @@ TEST_CASE("cleanup shows as health_checking, every other step as its own phase")
   CHECK(phases.size() == steps);  // no two steps share a phase
   CHECK_FALSE(phases.contains(Phase::rolling_back));
 }
+
+TEST_CASE("a pull's steps are planning to verifying, none touching the service, whatever the order flag") {
+  for (bool downtime_first : {false, true}) {
+    const auto steps = plan_steps(Kind::pull, downtime_first);
+    CHECK(names(steps) == "planning freeing_disk downloading verifying");
+    CHECK(names(steps, true).empty());
+  }
+}

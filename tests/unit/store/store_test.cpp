@@ -604,3 +604,31 @@ TEST_CASE("removing a model keeps the manifest of another model that shares its 
   REQUIRE(s.remove_model("x").has_value());
   CHECK(s.manifest_still_matches("y", kA));
 }
+
+TEST_CASE("removing other revisions spares those named, and removing one revision takes its link too") {
+  TempDir dir;
+  Store s(dir.path);
+  repo::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
+  install_verified(s, "m", a, {{"w.bin", std::string(1000, 'w')}});
+  REQUIRE(s.switch_link("m", kA).has_value());
+  for (const auto& c : {kB, kC}) REQUIRE(s.prepare_revision("m", c).has_value());
+  REQUIRE(s.remove_other_revisions("m", kA, {kB}).has_value());
+  CHECK(fs::exists(s.revision_dir("m", kA)));
+  CHECK(fs::exists(s.revision_dir("m", kB)));
+  CHECK_FALSE(fs::exists(s.revision_dir("m", kC)));
+
+  auto one = s.remove_revision("m", kB);
+  REQUIRE(one.has_value());
+  CHECK_FALSE(fs::exists(s.revision_dir("m", kB)));
+  CHECK(s.linked_commit("m") == kA);
+  auto linked = s.remove_revision("m", kA);
+  REQUIRE(linked.has_value());
+  CHECK(*linked > 1000);
+  CHECK_FALSE(fs::exists(s.revision_dir("m", kA)));
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir / "m")));
+  CHECK_FALSE(s.linked_commit("m"));
+  auto gone = s.remove_revision("m", kA);
+  REQUIRE_FALSE(gone.has_value());
+  CHECK(gone.error().code == Errc::not_found);
+  CHECK(s.remove_revision("m", "main").error().code == Errc::bad_request);
+}

@@ -72,3 +72,13 @@ TEST_CASE("percent-decoding decodes escapes, keeps '+' and refuses a bad escape"
     CHECK_FALSE(modeld::util::percent_decode(bad));
   }
 }
+
+TEST_CASE("a commit id is 40 lower-case hex digits, nothing else") {
+  CHECK(modeld::util::is_commit_id(std::string(40, 'a')));
+  CHECK(modeld::util::is_commit_id("0123456789abcdef0123456789abcdef01234567"));
+  CHECK_FALSE(modeld::util::is_commit_id(std::string(40, 'A')));
+  CHECK_FALSE(modeld::util::is_commit_id(std::string(39, 'a')));
+  CHECK_FALSE(modeld::util::is_commit_id(std::string(41, 'a')));
+  CHECK_FALSE(modeld::util::is_commit_id("main"));
+  CHECK_FALSE(modeld::util::is_commit_id(std::string(40, 'g')));
+}
