@@ -222,6 +222,8 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
     std::string noun = s.noun;
     noun[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(noun[0])));
     const bool changed = f->value("changed", true);
+    // The switch first: the result stays the last line, which scripts read.
+    if (auto sw = modelctl::switch_text(*f); !sw.empty()) fmt::print("Switch: {}\n", sw);
     if (state == "succeeded" && !changed && s.noun == "deployment")
       fmt::print("{} {} {}: {} already serving, nothing to do\n", noun, id, c.style.state(state), name);
     else if (state == "succeeded")
@@ -229,7 +231,6 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
                  s.noun == "pull" && !changed ? " (already on disk and verified)" : "");
     else
       fmt::print("{} {} {} in phase {}\n", noun, id, c.style.state(state), modelctl::str(*f, "phase", "?"));
-    if (auto sw = modelctl::switch_text(*f); !sw.empty()) fmt::print("Switch: {}\n", sw);
     if (const auto& e = f->value("error", json()); e.is_object())
       fmt::print(stderr, "modelctl: {}: {}\n", modelctl::str(e, "code", "error"), modelctl::str(e, "message", ""));
   }
