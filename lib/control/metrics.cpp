@@ -25,9 +25,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/socket.h>
+
+#include <array>
 #include <limits>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 
@@ -157,7 +161,10 @@ class ProgressPolicy {
   static constexpr std::size_t all = std::numeric_limits<std::size_t>::max();
   std::size_t available_read_bytes() const noexcept { return all; }
   std::size_t available_write_bytes() const noexcept { return all; }
-  void transfer_read_bytes(std::size_t n) { transferred(n); }
+  void transfer_read_bytes(std::size_t n) {
+    if (n > 0) room_->spoke(id_);
+    transferred(n);
+  }
   void transfer_write_bytes(std::size_t n) { transferred(n); }
   void on_timer() noexcept {}
   void transferred(std::size_t n) {
@@ -168,6 +175,18 @@ class ProgressPolicy {
 };
 
 using Stream = beast::basic_stream<tcp, asio::any_io_executor, ProgressPolicy>;
+
+// What the peer sent that modeld has not read yet: nothing, part of a request, or a whole request
+// head (a scrape accepted a moment ago whose session has not read it yet). recv(2) with MSG_PEEK |
+// MSG_DONTWAIT: consumes nothing, does not block.
+enum class Waiting { nothing, part, request };
+Waiting unread_bytes(Stream& stream) {
+  std::array<char, header_limit> buf;
+  const auto n = ::recv(stream.socket().native_handle(), buf.data(), buf.size(), MSG_PEEK | MSG_DONTWAIT);
+  if (n <= 0) return Waiting::nothing;
+  const std::string_view seen(buf.data(), static_cast<std::size_t>(n));
+  return seen.find("\r\n\r\n") == std::string_view::npos ? Waiting::part : Waiting::request;
+}
 
 // The client's identity for the limits: its IP address, an IPv4-mapped IPv6 one as IPv4.
 asio::ip::address peer_address(const tcp::socket& socket) {
@@ -217,6 +236,10 @@ struct MetricsListener::Impl : std::enable_shared_from_this<Impl> {
   asio::awaitable<void> accept_loop();
   void stop();  // MetricsListener::stop(), also reached from the daemon's cancellation tree
   void accepted(tcp::socket socket);  // for detail::accept_each: makes room, starts a session
+  // Counts as answering every connection whose whole request waits unread in its socket (and as
+  // having spoken one with any byte waiting), so that room is never made by closing a scrape
+  // its session has not had the time to read.
+  void mark_waiting_requests();
   // Closes connection `id` for room for one from `peer` that does not fit (`why`), and says so.
   void close_for_room(std::uint64_t id, const asio::ip::address& peer, const std::string& why);
   void forget(std::uint64_t id);  // stops counting `id`
@@ -291,6 +314,7 @@ asio::awaitable<void> MetricsListener::Impl::accept_loop() {
 void MetricsListener::Impl::accepted(tcp::socket socket) {
   const auto peer = peer_address(socket);
   const auto now = Clock::now();
+  mark_waiting_requests();
   if (auto full = room.full(peer, now)) {
     if (!full->victim) {  // only with limits of 0, which the configuration refuses
       boost::system::error_code ec;
@@ -305,6 +329,17 @@ void MetricsListener::Impl::accepted(tcp::socket socket) {
   room.add(id, peer, now);
   streams.emplace(id, stream);
   detail::spawn_logged(executor, session(std::move(stream), id), "metrics connection");
+}
+
+void MetricsListener::Impl::mark_waiting_requests() {
+  for (const auto& [id, weak] : streams) {
+    const auto* c = room.find(id);
+    auto stream = weak.lock();
+    if (!c || c->answering || !stream) continue;
+    const auto unread = unread_bytes(*stream);
+    if (unread != Waiting::nothing) room.spoke(id);
+    if (unread == Waiting::request) room.set_answering(id, true);
+  }
 }
 
 void MetricsListener::Impl::close_for_room(std::uint64_t id, const asio::ip::address& peer, const std::string& why) {

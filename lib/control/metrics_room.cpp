@@ -20,6 +20,10 @@ void MetricsRoom::set_answering(std::uint64_t id, bool answering) {
   if (auto it = conns_.find(id); it != conns_.end()) it->second.answering = answering;
 }
 
+void MetricsRoom::spoke(std::uint64_t id) {
+  if (auto it = conns_.find(id); it != conns_.end()) it->second.spoke = true;
+}
+
 void MetricsRoom::remove(std::uint64_t id) { conns_.erase(id); }
 
 auto MetricsRoom::find(std::uint64_t id) const -> const Conn* {
@@ -51,14 +55,17 @@ std::optional<std::uint64_t> MetricsRoom::victim(const Address* peer, Clock::tim
   for (const auto& [id, c] : conns_) ++held[c.peer];
   // Larger is closed first: stale (no progress for served_recently), then, within one address's
   // room and among fresh ones, waiting for a request before being answered (a scrape whose request was read outlives
-  // connections that reopen and stall as fast as they are closed), then address holding more, staler.
+  // connections that reopen and stall as fast as they are closed), and of those first one that sent
+  // part of a request and stopped (a scrape connected a moment ago may not have sent its request
+  // yet), then address holding more, staler.
   auto rank = [&](const Conn& c) {
     const auto idle = now - c.progress;
     const bool stale = idle >= served_recently;
-    return std::tuple(stale, peer != nullptr && !stale && !c.answering, held[c.peer], idle);
+    const bool waiting = peer != nullptr && !stale && !c.answering;
+    return std::tuple(stale, waiting, waiting && c.spoke, held[c.peer], idle);
   };
   std::optional<std::uint64_t> best;
-  std::tuple<bool, bool, std::size_t, Clock::duration> best_rank{};
+  std::tuple<bool, bool, bool, std::size_t, Clock::duration> best_rank{};
   for (const auto& [id, c] : conns_) {
     if (peer && c.peer != *peer) continue;
     const auto r = rank(c);

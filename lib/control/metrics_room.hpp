@@ -34,6 +34,7 @@ class MetricsRoom {
     Address peer;                ///< the peer IP address (IPv4-mapped IPv6 as IPv4)
     Clock::time_point progress;  ///< accepted, or last read a request byte or wrote an answer byte
     bool answering = false;      ///< a request was read whole and its answer is not written yet
+    bool spoke = false;          ///< the peer sent a byte (read, or seen waiting in the socket)
   };
 
   /// A new connection that does not fit: why (naming the limit's key), and the one to close.
@@ -53,6 +54,9 @@ class MetricsRoom {
 
   /// Notes whether `id` is answering a request (true) or waiting for one (false).
   void set_answering(std::uint64_t id, bool answering);
+
+  /// Notes that the peer of `id` sent a byte (read, or seen waiting unread); unknown ids are ignored.
+  void spoke(std::uint64_t id);
 
   /// Stops counting `id`; unknown ids are ignored.
   void remove(std::uint64_t id);

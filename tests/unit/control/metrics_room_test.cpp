@@ -146,3 +146,18 @@ TEST_CASE("the journal's summary names at most 16 addresses and counts the rest"
   CHECK_THAT(*line, Catch::StartsWith("21 connection(s) closed since the last line, from 10.0.0.1 (2), "));
   CHECK_THAT(*line, Catch::EndsWith(", and 4 from other addresses"));
 }
+
+TEST_CASE("within one address's room a connection that sent part of a request and stopped goes before one that has sent nothing yet") {
+  MetricsRoom room(MetricsLimits{16, 2});
+  room.add(1, ip("127.0.0.1"), t0);       // a scrape connected first, its request not in yet
+  room.add(2, ip("127.0.0.1"), t0 + 100ms);  // a staller: its request line read, then nothing
+  room.spoke(2);
+  room.progressed(2, t0 + 200ms);
+  auto full = room.full(ip("127.0.0.1"), t0 + 300ms);
+  REQUIRE(full);
+  CHECK(full->victim == id(2));
+  room.spoke(1);  // the scrape's bytes arrived too: the staler one goes
+  CHECK(room.full(ip("127.0.0.1"), t0 + 300ms)->victim == id(1));
+  room.set_answering(1, true);  // and once its whole request is in, it is kept
+  CHECK(room.full(ip("127.0.0.1"), t0 + 300ms)->victim == id(2));
+}
