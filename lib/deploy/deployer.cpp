@@ -89,6 +89,9 @@ bool on_disk(const store::Store& st, const std::string& model) {
 
 }  // namespace
 
+// What the journal and refusals call a record of kind `k`: "deployment" or "pull".
+std::string_view noun_of(Kind k) { return k == Kind::pull ? "pull" : "deployment"; }
+
 std::string_view phase_verb(Phase p) {
   switch (p) {
     case Phase::planning: return "planning";
@@ -368,7 +371,7 @@ Result<Deployment> Deployer::start(const DeployRequest& request) {
     return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
   if (running_)
     return make_error(Errc::deployment_running,
-                      fmt::format("deployment {} of {} is running (phase {})", running_->record.id,
+                      fmt::format("{} {} of {} is running (phase {})", noun_of(running_->record.kind), running_->record.id,
                                   running_->record.model, to_string(running_->record.phase)));
   if (interrupted_)
     return make_error(Errc::deployment_running,
@@ -1189,9 +1192,16 @@ std::optional<Error> Deployer::disk_conflict(const std::string& model, std::stri
     // Verifying reads every file while a deployment may link, download or evict; rm only
     // conflicts with the deployment's own target and the model it replaces.
     if (action == "verify" || d.model == model || d.previous_model == model)
+    {
+      // "rm --commit" is written "rm NAME --commit ...": the model right after the command.
+      const auto space = action.find(' ');
+      const auto command = space == std::string_view::npos
+                               ? fmt::format("{} {}", action, model)
+                               : fmt::format("{} {}{} ...", action.substr(0, space), model, action.substr(space));
       return make_error(Errc::deployment_running,
-                        fmt::format("deployment {} of {} is running (phase {}); {} {} when it has ended", d.id, d.model,
-                                    to_string(d.phase), action, model));
+                        fmt::format("{} {} of {} is running (phase {}); {} when it has ended", noun_of(d.kind), d.id,
+                                    d.model, to_string(d.phase), command));
+    }
   }
   if (shutting_down_) return make_error(Errc::cancelled, "modeld is shutting down");
   return std::nullopt;

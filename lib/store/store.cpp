@@ -248,7 +248,14 @@ Result<std::uint64_t> Store::remove_revision(const std::string& name, const std:
     if (::unlink(link.c_str()) != 0 && errno != ENOENT) return util::errno_error(errno, link, "remove link");
     if (auto r = util::fsync_directory(models_dir_); !r) return r.error();
   }
-  return remove_revisions_if(name, [&](const std::string& c) { return c == commit; });
+  auto freed = remove_revisions_if(name, [&](const std::string& c) { return c == commit; });
+  if (!freed) return freed;
+  // The model's last revision gone: its empty folder goes too, so the model reads as absent, not
+  // partial (rmdir(2) removes nothing else: it fails on a folder that still holds anything).
+  const auto store_root = models_dir_ / ".store";
+  if (::rmdir((store_root / name).c_str()) == 0)
+    if (auto r = util::fsync_directory(store_root); !r) return r.error();
+  return freed;
 }
 
 Result<std::uint64_t> Store::remove_revisions_if(const std::string& name,

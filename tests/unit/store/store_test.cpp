@@ -605,7 +605,7 @@ TEST_CASE("removing a model keeps the manifest of another model that shares its 
   CHECK(s.manifest_still_matches("y", kA));
 }
 
-TEST_CASE("removing other revisions spares those named, and removing one revision takes its link too") {
+TEST_CASE("removing other revisions spares those named, and removing one revision takes its link too, the last one the model's folder") {
   TempDir dir;
   Store s(dir.path);
   repo::Snapshot a{"org/model", "main", kA, {listed("w.bin", std::string(1000, 'w'), true)}};
@@ -627,6 +627,7 @@ TEST_CASE("removing other revisions spares those named, and removing one revisio
   CHECK_FALSE(fs::exists(s.revision_dir("m", kA)));
   CHECK_FALSE(fs::exists(fs::symlink_status(dir / "m")));
   CHECK_FALSE(s.linked_commit("m"));
+  CHECK_FALSE(fs::exists(dir / ".store" / "m"));  // the last revision gone: the model is absent, not partial
   auto gone = s.remove_revision("m", kA);
   REQUIRE_FALSE(gone.has_value());
   CHECK(gone.error().code == Errc::not_found);
