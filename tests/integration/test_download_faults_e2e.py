@@ -354,9 +354,11 @@ def test_a_kill_9_mid_download_resumes_and_wastes_under_5_percent(tmp_path):
 
         def progressed():
             # Past `at` and with a shard half-way (not between the two waves, where nothing is
-            # partial and there would be nothing to resume).
+            # partial and there would be nothing to resume): between 10% and 90% of it, so that its
+            # sidecar has recorded its ranges (every 250 ms) and a part of it is left to resume.
             p = e.status()["deployment"]["progress"]
-            midway = any(0 < f["bytes_done"] < f["bytes_total"] for f in p.get("files") or [])
+            midway = any(f["bytes_total"] // 10 <= f["bytes_done"] <= f["bytes_total"] * 9 // 10
+                         for f in p.get("files") or [])
             return p["bytes_total"] and p["bytes_done"] >= at * p["bytes_total"] and midway and p
         p = wait_for(f"{at:.0%} of the bytes with a shard half-way", progressed, timeout=120)
         pid = e.main_pid()
