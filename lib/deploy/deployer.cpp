@@ -655,7 +655,16 @@ bool Deployer::serves_new(const Deployment& d) const {
   // A restart of the commit that serves (its settings changed, or asked for) finds the state
   // naming that commit from the start: only its own health check says the new server serves.
   if (d.previous_model == d.model && d.previous_commit == d.commit) return false;
-  return state_.active && state_.active->model == d.model && state_.active->commit == d.commit;
+  return in_service(d.model, d.commit);
+}
+
+bool Deployer::in_service(const std::string& model, const std::optional<std::string>& commit) const {
+  return state_.active && state_.active->model == model && state_.active->commit == commit;
+}
+
+bool Deployer::is_pulled(const std::string& model, const std::string& commit) const {
+  const auto it = state_.pulled.find(model);
+  return it != state_.pulled.end() && std::find(it->second.begin(), it->second.end(), commit) != it->second.end();
 }
 
 asio::awaitable<void> Deployer::save_state(Running& r) {
@@ -721,10 +730,8 @@ void Deployer::log_nothing_to_do(const Running& r, std::size_t next) const {
 asio::awaitable<void> Deployer::apply_pulled(Running& r) {
   const auto& d = r.record;
   // The commit in service needs no mark: it is neither evicted nor cleaned up.
-  if (state_.active && state_.active->model == d.model && state_.active->commit == *d.commit) co_return;
-  auto& commits = state_.pulled[d.model];
-  if (std::find(commits.begin(), commits.end(), *d.commit) != commits.end()) co_return;
-  commits.push_back(*d.commit);
+  if (in_service(d.model, d.commit) || is_pulled(d.model, *d.commit)) co_return;
+  state_.pulled[d.model].push_back(*d.commit);
   co_await save_state(r);
 }
 
@@ -1169,12 +1176,10 @@ std::vector<ModelInfo> Deployer::model_list(const DiskModels& disk) const {
 std::vector<RevisionInfo> Deployer::revisions_of(const std::string& model,
                                                 const std::vector<std::pair<std::string, std::string>>& on_disk) const {
   std::vector<RevisionInfo> out;
-  const auto pulled = state_.pulled.find(model);
   for (const auto& [commit, state] : on_disk) {
     RevisionInfo r{commit, state};
-    r.pulled = pulled != state_.pulled.end() &&
-               std::find(pulled->second.begin(), pulled->second.end(), commit) != pulled->second.end();
-    r.in_service = state_.active && state_.active->model == model && state_.active->commit == commit;
+    r.pulled = is_pulled(model, commit);
+    r.in_service = in_service(model, commit);
     out.push_back(std::move(r));
   }
   return out;
@@ -1306,7 +1311,7 @@ asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
 
 asio::awaitable<Result<Removal>> Deployer::remove_revision(std::string model, std::string commit) {
   if (auto unknown = co_await unknown_model(model)) co_return *unknown;
-  if (state_.active && state_.active->model == model && state_.active->commit == commit)
+  if (in_service(model, commit))
     co_return make_error(Errc::model_active,
                          fmt::format("revision {} of model {} is in service (served by {}); deploy another revision "
                                      "or model before removing it",

@@ -137,6 +137,10 @@ class Deployer final : public Engine {
   // Whether the daemon's state says that deployment `d`'s model at its commit serves (never for
   // a restart of the commit that served when it started).
   bool serves_new(const Deployment& d) const;
+  // Whether the daemon's state has `model` in service at `commit`.
+  bool in_service(const std::string& model, const std::optional<std::string>& commit) const;
+  // Whether revision `commit` of `model` is marked as pulled ahead.
+  bool is_pulled(const std::string& model, const std::string& commit) const;
   // Writes state.json on the disk pool (awaited), logging (not failing) when it cannot.
   boost::asio::awaitable<void> save_state(Running& r);
   boost::asio::awaitable<void> save_state(const sys::Fields& f);
