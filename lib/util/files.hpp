@@ -3,11 +3,42 @@
 
 #include "util/error.hpp"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace modeld::util {
+
+/// A file descriptor owned by one object and closed with it (-1: none); move-only. Does not block
+/// beyond close(2).
+class OwnedFd {
+ public:
+  explicit OwnedFd(int fd = -1) noexcept : fd_(fd) {}
+  OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  OwnedFd& operator=(OwnedFd&& other) noexcept {
+    if (this != &other) {
+      close_now();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  ~OwnedFd() { close_now(); }
+
+  /// The descriptor, still owned here; -1 when none (open(2) failed).
+  int get() const noexcept { return fd_; }
+
+ private:
+  void close_now() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_;
+};
 
 /// Replaces `path` with `content` atomically: writes "path.tmp-PID", fsyncs it, renames it over
 /// `path` and fsyncs the directory; a crash leaves either the old or the new content, never a mix.

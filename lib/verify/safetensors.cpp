@@ -3,6 +3,7 @@
 
 #include "verify/safetensors_detail.hpp"
 #include "verify/verify.hpp"
+#include "util/files.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -84,13 +85,6 @@ std::string describe_byte(unsigned char c) {
   if (c >= 0x20 && c < 0x7f) return fmt::format("'{}'", static_cast<char>(c));
   return fmt::format("byte 0x{:02x}", c);
 }
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // Parses one tensor entry into `out`; returns the problem in words, or "" when it is valid.
 std::string parse_entry(const nlohmann::json& v, TensorInfo& out) {
@@ -244,16 +238,15 @@ Result<SafetensorsHeader> read_safetensors_header_detail(const std::filesystem::
                                                          std::string* bad_tensor) {
   const std::string& file = display_name;
   if (bad_tensor) bad_tensor->clear();
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0)
+  const util::OwnedFd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0)
     return make_error(Errc::io_error, fmt::format("{}: open: {}", file, std::strerror(errno)));
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0)
+  if (::fstat(f.get(), &st) != 0)
     return make_error(Errc::io_error, fmt::format("{}: stat: {}", file, std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) return make_error(Errc::io_error, fmt::format("{}: not a regular file", file));
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
-  auto text = read_header_text(f.fd, file, file_size, bad_tensor);
+  auto text = read_header_text(f.get(), file, file_size, bad_tensor);
   if (!text) return text.error();
 
   nlohmann::json j;

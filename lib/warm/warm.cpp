@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <memory>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -35,17 +34,6 @@ std::uint64_t page_size() {
 Error file_error(const std::filesystem::path& file, std::string_view what, int err) {
   return make_error(Errc::io_error, fmt::format("{} {}: {}", what, file.string(), std::strerror(err)));
 }
-
-// An open file, closed on destruction.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // Calls on_run(offset, length) for each run of pages of [offset, offset + length) of `fd` that
 // are resident (`want_resident`) or not; `offset` is page-aligned, `size` the file's size.
@@ -99,17 +87,17 @@ Result<std::uint64_t> resident_of(int fd, std::uint64_t size, const std::filesys
 }  // namespace
 
 Result<std::uint64_t> resident_bytes(const std::filesystem::path& file) {
-  Fd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) return file_error(file, "cannot open", errno);
+  const util::OwnedFd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) return file_error(file, "cannot open", errno);
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) return file_error(file, "cannot stat", errno);
-  return resident_of(f.fd, static_cast<std::uint64_t>(st.st_size), file);
+  if (::fstat(f.get(), &st) != 0) return file_error(file, "cannot stat", errno);
+  return resident_of(f.get(), static_cast<std::uint64_t>(st.st_size), file);
 }
 
 Result<void> drop_cached(const std::filesystem::path& file) {
-  Fd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) return file_error(file, "cannot open", errno);
-  if (int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED); rc != 0)
+  const util::OwnedFd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.get() < 0) return file_error(file, "cannot open", errno);
+  if (int rc = ::posix_fadvise(f.get(), 0, 0, POSIX_FADV_DONTNEED); rc != 0)
     return file_error(file, "cannot drop the cached pages of", rc);
   return {};
 }
@@ -159,7 +147,7 @@ namespace {
 // One file chosen for warming, open while its blocks are read.
 struct Chosen {
   std::filesystem::path path;
-  std::unique_ptr<Fd> fd;
+  util::OwnedFd fd;
   std::uint64_t size = 0;
 };
 
@@ -195,8 +183,8 @@ class Readers {
       const Block& b = blocks[i];
       const Chosen& f = files[b.file];
       // Only what mincore shows missing is read; an error leaves the rest to the server's own reads.
-      for_each_run(f.fd->fd, b.offset, b.length, f.size, false, vec, [&](std::uint64_t off, std::uint64_t len) {
-        if (!stop_.requested()) read_run(f.fd->fd, off, len, buffer);
+      for_each_run(f.fd.get(), b.offset, b.length, f.size, false, vec, [&](std::uint64_t off, std::uint64_t len) {
+        if (!stop_.requested()) read_run(f.fd.get(), off, len, buffer);
       });
       report(false);
     }
@@ -253,15 +241,15 @@ std::vector<Chosen> choose(const std::vector<std::filesystem::path>& files, std:
   std::vector<Chosen> chosen;
   std::uint64_t left = budget;
   for (const auto& path : files) {
-    Chosen c{path, std::make_unique<Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), 0};
+    Chosen c{path, util::OwnedFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), 0};
     struct stat st {};
-    if (c.fd->fd < 0 || ::fstat(c.fd->fd, &st) != 0) {
+    if (c.fd.get() < 0 || ::fstat(c.fd.get(), &st) != 0) {
       report.skipped.push_back({path, 0, file_error(path, "cannot open", errno).message});
       continue;
     }
     c.size = static_cast<std::uint64_t>(st.st_size);
     report.totals.bytes_total += c.size;
-    auto resident = resident_of(c.fd->fd, c.size, path);
+    auto resident = resident_of(c.fd.get(), c.size, path);
     if (!resident) {
       report.skipped.push_back({path, c.size, resident.error().message});
       continue;
