@@ -810,4 +810,11 @@ std::optional<std::string> shared_secret_file(const std::filesystem::path& path,
                      name, path.string(), mode, path.string());
 }
 
+bool gpu_sets_overlap(const GpuSet& a, const GpuSet& b) {
+  if (!a) return !b || !b->empty();
+  if (!b) return !a->empty();
+  return std::any_of(a->begin(), a->end(),
+                     [&](unsigned g) { return std::find(b->begin(), b->end(), g) != b->end(); });
+}
+
 }  // namespace modeld::config

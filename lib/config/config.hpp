@@ -80,7 +80,10 @@ struct ServeConfig {
   std::map<std::string, std::string> environment;  ///< written into the drop-in: no secrets
   milliseconds startup_timeout = std::chrono::minutes(60);
   milliseconds stop_timeout = std::chrono::minutes(5);
-  unsigned gpus = 0;               ///< GPUs the server takes (the first N NVML lists); 0: no GPU check
+  unsigned gpus = 0;               ///< GPUs the server takes (the first N NVML lists, or gpu_ids' size); 0: no GPU check
+  /// serve.gpu_ids: the GPUs (NVML indices) the server may use, written into its drop-in as
+  /// CUDA_VISIBLE_DEVICES by UUID; nullopt (unset): every GPU, as before; empty: no GPU.
+  std::optional<std::vector<unsigned>> gpu_ids;
   std::uint64_t gpu_memory = 0;    ///< bytes that must be free on each of them before launch; 0: any
   /// "auto": warming reads the checkpoint into the page cache before the switch; "off": it does not.
   std::string warm = "auto";
@@ -139,6 +142,14 @@ struct Config {
   /// Returns the model called `name`, or nullptr.
   const ModelConfig* find_model(const std::string& name) const;
 };
+
+/// The GPUs a model's server uses, as NVML indices: nullopt means every GPU of the host, an empty
+/// list none (interface.md "Several models on one host").
+using GpuSet = std::optional<std::vector<unsigned>>;
+
+/// Whether two servers using `a` and `b` would share a GPU: an all-GPU set overlaps every set
+/// that is not empty (another all-GPU set included), two lists overlap when they share an index.
+bool gpu_sets_overlap(const GpuSet& a, const GpuSet& b);
 
 /// One problem found while loading: where it is and what is wrong.
 struct Problem {

@@ -1045,6 +1045,28 @@ std::optional<Active> Deployer::active() const {
   return a;
 }
 
+std::vector<ServiceInfo> Deployer::services() const {
+  std::vector<ServiceInfo> out;
+  const auto watched = watcher_->statuses();
+  for (const auto& a : state_.active.services) {
+    ServiceInfo i{a.model, a.commit, units::serve_unit(a.model)};
+    const auto* m = services_.config->find_model(a.model);
+    i.port = a.started && a.started->port ? a.started->port : m ? m->serve.port : 0;
+    i.gpu_ids = a.started ? a.started->gpu_ids : m ? m->serve.gpu_ids : std::nullopt;
+    i.since = a.since;
+    for (const auto& w : watched)
+      if (w.model == a.model) i.watchdog = w;
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+Result<Deployment> Deployer::stop(const std::string& model) {
+  if (!services_.config->find_model(model))
+    return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+  return make_error(Errc::internal, fmt::format("stopping model {}: not built yet", model));
+}
+
 std::optional<Deployment> Deployer::current() const {
   if (running_) return running_->record;
   if (!history_.empty()) return history_.front();

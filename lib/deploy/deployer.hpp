@@ -77,6 +77,8 @@ class Deployer final : public Engine {
 
   // Engine
   std::optional<Active> active() const override;
+  std::vector<ServiceInfo> services() const override;
+  Result<Deployment> stop(const std::string& model) override;
   std::optional<Deployment> current() const override;
   std::vector<Deployment> history(std::size_t limit) const override;
   Result<Deployment> get(const std::string& id) const override;

@@ -32,9 +32,10 @@ constexpr util::NameTable<State, 5> kStates{{
     {State::rolled_back, "rolled_back"},
 }};
 
-constexpr util::NameTable<Kind, 2> kKinds{{
+constexpr util::NameTable<Kind, 3> kKinds{{
     {Kind::deploy, "deploy"},
     {Kind::pull, "pull"},
+    {Kind::stop, "stop"},
 }};
 
 }  // namespace

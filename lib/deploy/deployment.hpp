@@ -21,9 +21,10 @@ enum class Phase {
   benchmarking, rolling_back
 };
 
-/// What a deployment does: `deploy` (a model put into service) or `pull` (a revision downloaded
-/// and verified ahead, no service touched). The API's "kind"; a record written without it is a deploy.
-enum class Kind { deploy, pull };
+/// What a deployment does: `deploy` (a model put into service), `pull` (a revision downloaded
+/// and verified ahead, no service touched) or `stop` (a model taken out of service, its files
+/// kept). The API's "kind"; a record written without it is a deploy.
+enum class Kind { deploy, pull, stop };
 
 /// States: running, then exactly one terminal state.
 enum class State { running, succeeded, failed, cancelled, rolled_back };

@@ -126,6 +126,17 @@ struct WatchdogStatus {
   std::optional<double> last_probe_seconds;  ///< how long the last probe took, in seconds
 };
 
+/// One service in service (GET /v1/status "services"), with what it was started with.
+struct ServiceInfo {
+  std::string model;
+  std::string commit;
+  std::string unit;
+  std::uint16_t port = 0;                           ///< the port it was started on
+  std::optional<std::vector<unsigned>> gpu_ids;      ///< NVML indices it was given; nullopt: every GPU
+  std::string since;                                ///< RFC 3339: when it was put into service
+  std::optional<WatchdogStatus> watchdog;           ///< its model watcher's record; nullopt when never watched
+};
+
 /// What an Event reports: a deployment entered a phase, made download progress or changed
 /// state (the SSE stream's "phase", "progress" and "state"), or the model watcher's record of the
 /// active model changed ("watcher": not sent on the SSE stream, which the contract fixes).
@@ -176,8 +187,10 @@ struct DeployRequest {
 class Engine {
  public:
   virtual ~Engine() = default;
-  /// The model in service, if any.
+  /// The model in service, if any: of several, the one put into service last.
   virtual std::optional<Active> active() const = 0;
+  /// Every service in service, in the order they were put into service (the last is active()).
+  virtual std::vector<ServiceInfo> services() const = 0;
   /// The running deployment, else the most recent one, else nullopt.
   virtual std::optional<Deployment> current() const = 0;
   /// Deployments newest first, at most `limit`.
@@ -186,6 +199,12 @@ class Engine {
   virtual Result<Deployment> get(const std::string& id) const = 0;
   /// Starts a deployment as `request` asks; unknown_model, deployment_running.
   virtual Result<Deployment> start(const DeployRequest& request) = 0;
+  /// Takes `model` out of service (`modelctl stop`, POST /v1/models/{name}/stop): starts a
+  /// record of kind stop whose one phase, stopping_old, stops its service and waits until nothing
+  /// of it is left; from then on it is neither watched nor started at boot, and its files stay.
+  /// A model that is not in service gives a record that ends succeeded at once, changed false.
+  /// Errors: unknown_model; deployment_running as start().
+  virtual Result<Deployment> stop(const std::string& model) = 0;
   /// Requests cancellation; not_found, deployment_ended.
   virtual Result<Deployment> cancel(const std::string& id) = 0;
   /// Configured models with their on-disk state; the store walk runs off the event loop (an

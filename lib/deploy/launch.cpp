@@ -41,7 +41,7 @@ std::string seconds(std::chrono::milliseconds d) {
 
 StartedSettings started_settings(const config::ModelConfig& model, const std::filesystem::path& model_dir) {
   return StartedSettings{config::expand_command(model, model_dir), model.serve.environment, model_dir.string(),
-                         model.serve.gpus};
+                         model.serve.gpus, model.serve.port, model.serve.gpu_ids};
 }
 
 std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir) {

@@ -23,6 +23,12 @@ std::vector<std::string> changed_variables(const std::map<std::string, std::stri
 
 }  // namespace
 
+std::string gpu_list(const std::optional<std::vector<unsigned>>& ids) {
+  if (!ids) return "all";
+  if (ids->empty()) return "none";
+  return fmt::format("{}", fmt::join(*ids, ","));
+}
+
 std::vector<std::string> settings_changed(const StartedSettings& was, const StartedSettings& now) {
   std::vector<std::string> out;
   if (was.command != now.command) out.emplace_back("command changed");
@@ -30,14 +36,20 @@ std::vector<std::string> settings_changed(const StartedSettings& was, const Star
     out.push_back(fmt::format("environment changed ({})", fmt::join(vars, ", ")));
   if (was.working_directory != now.working_directory) out.emplace_back("working directory changed");
   if (was.gpus != now.gpus) out.push_back(fmt::format("GPUs changed ({} -> {})", was.gpus, now.gpus));
+  if (was.gpu_ids != now.gpu_ids)
+    out.push_back(fmt::format("GPU ids changed ({} -> {})", gpu_list(was.gpu_ids), gpu_list(now.gpu_ids)));
+  if (was.port != now.port) out.push_back(fmt::format("port changed ({} -> {})", was.port, now.port));
   return out;
 }
 
 nlohmann::json to_json(const StartedSettings& s) {
-  return nlohmann::json{{"command", s.command},
-                        {"environment", s.environment},
-                        {"working_directory", s.working_directory},
-                        {"gpus", s.gpus}};
+  nlohmann::json j{{"command", s.command},
+                   {"environment", s.environment},
+                   {"working_directory", s.working_directory},
+                   {"gpus", s.gpus},
+                   {"port", s.port}};
+  j["gpu_ids"] = s.gpu_ids ? nlohmann::json(*s.gpu_ids) : nlohmann::json(nullptr);
+  return j;
 }
 
 Result<StartedSettings> started_settings_from_json(const nlohmann::json& j) {
@@ -47,6 +59,8 @@ Result<StartedSettings> started_settings_from_json(const nlohmann::json& j) {
     s.environment = j.at("environment").get<std::map<std::string, std::string>>();
     s.working_directory = j.at("working_directory").get<std::string>();
     s.gpus = j.value("gpus", 0u);
+    s.port = j.value("port", std::uint16_t{0});
+    if (j.contains("gpu_ids") && !j["gpu_ids"].is_null()) s.gpu_ids = j["gpu_ids"].get<std::vector<unsigned>>();
     return s;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::bad_request, fmt::format("started settings: {}", e.what()));

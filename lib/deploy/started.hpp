@@ -9,7 +9,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,11 @@ struct StartedSettings {
   std::map<std::string, std::string> environment;  ///< Environment= (CUDA_VISIBLE_DEVICES included)
   std::string working_directory;                   ///< WorkingDirectory=: models_dir/NAME
   unsigned gpus = 0;                               ///< serve.gpus
+  /// serve.port; 0 in settings recorded before it was kept (the configuration's is used then).
+  std::uint16_t port = 0;
+  /// serve.gpu_ids (NVML indices, CUDA_VISIBLE_DEVICES rendered from them by UUID); nullopt: every
+  /// GPU (also in settings recorded before it was kept).
+  std::optional<std::vector<unsigned>> gpu_ids;
 
   friend bool operator==(const StartedSettings&, const StartedSettings&) = default;
 };
@@ -32,6 +39,9 @@ struct StartedSettings {
 /// never their values: they may be secrets), "working directory changed", "GPUs changed (2 -> 4)";
 /// empty when equal.
 std::vector<std::string> settings_changed(const StartedSettings& was, const StartedSettings& now);
+
+/// A GPU set as the journal writes it: "0,1,2,3", "all" (nullopt) or "none" (empty).
+std::string gpu_list(const std::optional<std::vector<unsigned>>& ids);
 
 /// The JSON form kept in state.json and in deployment records.
 nlohmann::json to_json(const StartedSettings& s);

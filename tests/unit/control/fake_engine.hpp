@@ -54,6 +54,19 @@ class FakeEngine : public deploy::Engine {
   std::vector<deploy::WatchdogStatus> watched;  // what watchdogs() answers
 
   std::optional<deploy::Active> active() const override { return active_model; }
+  std::vector<deploy::ServiceInfo> in_service;  // what services() answers
+  std::vector<deploy::ServiceInfo> services() const override { return in_service; }
+  std::vector<std::string> stops;  // models stop() was asked for
+  Result<deploy::Deployment> stop(const std::string& model) override {
+    stops.push_back(model);
+    if (!known.count(model)) return make_error(Errc::unknown_model, "no model named " + model);
+    if (!deployments.empty() && !deployments.front().ended())
+      return make_error(Errc::deployment_running, "deployment " + deployments.front().id + " is running");
+    auto d = make_deployment("stop-" + model, model, deploy::State::running, deploy::Phase::stopping_old);
+    d.kind = deploy::Kind::stop;
+    deployments.insert(deployments.begin(), d);
+    return d;
+  }
   std::optional<deploy::Deployment> current() const override {
     if (deployments.empty()) return std::nullopt;
     return deployments.front();
