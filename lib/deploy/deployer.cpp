@@ -47,6 +47,9 @@ struct Deployer::Running {
   bool rolling_back = false;                 ///< rolling_back runs (not a step of the plan)
   bool new_serves = false;                   ///< health_checking passed: this deployment's model serves
   bool interrupted = false;                  ///< a shutdown cut it short: left running for the next start
+  /// A stop of a model no longer configured: the table its phase reads (name, port from its settings).
+  std::optional<config::ModelConfig> own_model;
+  std::set<std::string> not_restored;        ///< models a failed rollback could not bring back: not watched
   asio::cancellation_signal cancel;  ///< bound to the phase that runs now
   Clock::time_point last_journal_progress{};
   Clock::time_point last_status{};
@@ -66,6 +69,8 @@ class Deployer::RunDecisions final : public Decisions {
     auto& marks = r_.record.switch_marks;
     if (!marks.stop_requested_ns) marks.stop_requested_ns = wall_clock_ns();
     co_await deployer_.persist_now(r_.record);
+    // A stop decided: from here on the model is out of service, neither watched nor started at boot.
+    if (r_.record.kind == Kind::stop) co_await deployer_.take_out_of_service(r_);
   }
   void progress(const fetch::Progress& p) override { deployer_.on_progress(r_, p); }
   void warm_progress(const WarmReport& w) override { deployer_.on_warm_progress(r_, w); }
@@ -90,7 +95,14 @@ bool on_disk(const store::Store& st, const std::string& model) {
 }  // namespace
 
 // What the journal and refusals call a record of kind `k`: "deployment" or "pull".
-std::string_view noun_of(Kind k) { return k == Kind::pull ? "pull" : "deployment"; }
+std::string_view noun_of(Kind k) {
+  switch (k) {
+    case Kind::pull: return "pull";
+    case Kind::stop: return "stop";
+    case Kind::deploy: break;
+  }
+  return "deployment";
+}
 
 std::string_view phase_verb(Phase p) {
   switch (p) {
@@ -120,19 +132,49 @@ Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
     : Deployer(io, std::move(services), states, ModelWatcher::Options{}) {}
 
 Deployer::Deployer(asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog)
-    : io_(io), services_(std::move(services)), states_(states), writes_(asio::make_strand(services_.disk_pool)) {
-  watcher_ = std::make_unique<ModelWatcher>(io_, services_, std::move(watchdog));
-  watcher_->on_change([this](const WatchdogStatus& w) {
+    : io_(io),
+      services_(std::move(services)),
+      states_(states),
+      writes_(asio::make_strand(services_.disk_pool)),
+      watch_options_(std::move(watchdog)) {}
+
+ModelWatcher& Deployer::watcher_for(const std::string& model) {
+  auto& w = watchers_[model];
+  if (w) return *w;
+  w = std::make_unique<ModelWatcher>(io_, services_, watch_options_);
+  w->on_change([this](const WatchdogStatus& st) {
     announce_status();
     Event e;
     e.kind = EventKind::watcher;
-    e.model = w.model;
-    e.watcher = w;
+    e.model = st.model;
+    e.watcher = st;
     publish(e);
   });
-  watcher_->on_started([this](const std::string& model, const std::optional<StartedSettings>& settings) {
-    record_started(model, settings);
+  w->on_started([this](const std::string& m, const std::optional<StartedSettings>& settings) {
+    record_started(m, settings);
   });
+  return *w;
+}
+
+void Deployer::watch_service(const std::string& model, bool wait_ready_first) {
+  if (!state_.active.find(model) || shutting_down_) return;
+  if (running_ && owns_service(*running_) && touched_models(*running_).contains(model)) return;
+  auto& w = watcher_for(model);
+  if (!w.running()) w.start(model, wait_ready_first);
+}
+
+void Deployer::watch_services(const std::set<std::string>& except) {
+  for (const auto& a : state_.active.services)
+    if (!except.contains(a.model)) watch_service(a.model, false);
+}
+
+asio::awaitable<void> Deployer::stop_watching(const std::set<std::string>& models) {
+  for (const auto& m : models)
+    if (auto it = watchers_.find(m); it != watchers_.end() && it->second->running()) co_await it->second->stop();
+}
+
+bool Deployer::any_watching() const {
+  return std::any_of(watchers_.begin(), watchers_.end(), [](const auto& w) { return w.second->running(); });
 }
 
 Deployer::~Deployer() = default;
@@ -166,35 +208,92 @@ asio::awaitable<void> Deployer::recover() {
     std::optional<std::string>& interrupted;
     ~Recovered() { interrupted.reset(); }
   } recovered{interrupted_};
-  bool watch = false;           // the active model may be watched when no deployment continues
-  bool started_unit = false;    // recover started its unit: readiness comes before the first probe
-  if (state_.active && !(unfinished && unfinished->old_stopped)) co_await recover_active(watch, started_unit);
+  // The services an unfinished deployment began to stop are its own to finish or bring back.
+  std::set<std::string> owned;
+  if (unfinished && unfinished->old_stopped) {
+    owned = models_of(unfinished->previous);
+    owned.insert(unfinished->model);
+  }
+  auto statuses = co_await settle_conflicts_at_boot(owned);
+  std::map<std::string, bool> to_watch;  // model -> its unit was just started (readiness first)
+  const auto serving = state_.active.services;  // a copy: recover_service awaits
+  for (const auto& a : serving) {
+    if (owned.contains(a.model)) continue;
+    bool watch = false, started_unit = false;
+    co_await recover_service(a, statuses.at(a.model), watch, started_unit);
+    if (watch) to_watch[a.model] = started_unit;
+  }
   if (unfinished) co_await continue_unfinished(*unfinished);
-  // Also while a continued deployment plans, downloads and verifies (watch_active() decides).
-  if (watch && !shutting_down_) watch_active(started_unit);
+  // Also while a continued deployment plans, downloads and verifies (watch_service() decides).
+  for (const auto& [model, started_unit] : to_watch)
+    if (!shutting_down_) watch_service(model, started_unit);
   announce_status();
 }
 
-asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) {
+asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> Deployer::settle_conflicts_at_boot(
+    const std::set<std::string>& owned) {
+  std::map<std::string, Result<units::UnitStatus>> statuses;
+  const auto cfg = services_.config;
+  std::vector<Placement> kept;  // of the services that stay, the latest first
+  std::vector<std::string> leaving;
+  const auto services = state_.active.services;
+  for (auto it = services.rbegin(); it != services.rend(); ++it) {
+    const auto* m = cfg->find_model(it->model);
+    auto st = co_await services_.units.status(units::serve_unit(it->model));
+    // A server that runs keeps its recorded settings; one that is started gets today's drop-in.
+    const bool up = st && units::is_up(st->active_state);
+    const Placement p = up || !m || owned.contains(it->model) ? placement_of(*it, m) : placement_of(*m);
+    statuses.emplace(it->model, std::move(st));
+    std::optional<std::string> why;
+    const Placement* winner = nullptr;
+    for (const auto& k : kept)
+      if ((why = conflict_between(p, k))) {
+        winner = &k;
+        break;
+      }
+    if (!winner || owned.contains(it->model)) {
+      kept.push_back(p);
+      continue;
+    }
+    sys::Fields f;
+    f.model = it->model;
+    sys::logf(sys::Level::warning, f,
+              "model {} leaves service: the configuration now makes it conflict with {} ({}), put into service "
+              "later, which starts instead; deploy {} again once the configuration lets both serve",
+              it->model, winner->model, *why, it->model);
+    if (up) {
+      if (auto r = co_await services_.units.stop(units::serve_unit(it->model)); !r)
+        sys::logf(sys::Level::error, f, "cannot stop {}: {}", units::serve_unit(it->model), r.error().message);
+      else if (auto w = co_await units::wait_inactive(services_.units, units::serve_unit(it->model),
+                                                      stop_wait(m ? m->serve.stop_timeout : std::chrono::minutes(5)));
+               !w)
+        sys::logf(sys::Level::error, f, "{} did not stop: {}", units::serve_unit(it->model), w.error().message);
+    }
+    state_.last_active[it->model] = util::rfc3339(std::chrono::system_clock::now());
+    state_.active.erase(it->model);
+    leaving.push_back(it->model);
+  }
+  if (!leaving.empty()) co_await save_state(sys::Fields{});
+  co_return statuses;
+}
+
+asio::awaitable<void> Deployer::recover_service(const ActiveRecord& a, const Result<units::UnitStatus>& status,
+                                                bool& watch, bool& started_unit) {
   // A reload while this runs must not free the model tables it reads.
   const auto cfg = services_.config;
-  const auto* m = cfg->find_model(state_.active->model);
+  const auto* m = cfg->find_model(a.model);
   sys::Fields f;
-  f.model = state_.active->model;
+  f.model = a.model;
   if (!m) {
     sys::logf(sys::Level::warning, f, "active model {} is no longer configured; leaving its service alone",
-              state_.active->model);
+              a.model);
     co_return;
   }
   const auto unit = units::serve_unit(m->name);
-  // GCC 12 miscompiles co_await inside a conditional expression: keep them as statements.
-  Result<units::UnitStatus> st = make_error(Errc::internal, "not queried");
   // A server that runs keeps the settings it was started with (recorded): only the file changes.
   auto installed = co_await install_dropin(services_, *m);
-  if (installed)
-    st = co_await services_.units.status(unit);
-  else
-    st = installed.error();
+  Result<units::UnitStatus> st = status;
+  if (!installed) st = installed.error();
   watch = true;
   if (!st) {
     sys::logf(sys::Level::error, f, "cannot check {}: {}", unit, st.error().message);
@@ -204,30 +303,32 @@ asio::awaitable<void> Deployer::recover_active(bool& watch, bool& started_unit) 
     sys::logf(sys::Level::info, f, "active model {} is served by {} ({})", m->name, unit,
               units::to_string(st->active_state));
     // It serves already: a changed file is reported, not re-hashed under the running server.
-    const bool unchanged = co_await files_still_trusted(services_, m->name, state_.active->commit, f, false);
+    const bool unchanged = co_await files_still_trusted(services_, m->name, a.commit, f, false);
     (void)unchanged;
     co_return;
   }
   // Never start a checkpoint whose files changed since their verification without re-hashing.
-  const bool trusted = co_await files_still_trusted(services_, m->name, state_.active->commit, f, true);
+  const bool trusted = co_await files_still_trusted(services_, m->name, a.commit, f, true);
   if (!trusted) {
     sys::logf(sys::Level::error, f,
               "active model {} is not running and its files fail verification: not starting {} (deploy it "
               "again to download what is damaged)",
               m->name, unit);
     watch = false;
-  } else {
-    sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name,
-              units::to_string(st->active_state), unit);
-    if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s)
-      sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
-    else
-      started_unit = true;
-    if (started_unit) record_started(m->name, *installed);
+    co_return;
   }
+  sys::logf(sys::Level::notice, f, "active model {} is not running ({}): starting {}", m->name,
+            units::to_string(st->active_state), unit);
+  if (auto s = co_await units::reset_failed_and_start(services_.units, unit); !s) {
+    sys::logf(sys::Level::error, f, "cannot start {}: {}", unit, s.error().message);
+    co_return;
+  }
+  started_unit = true;
+  record_started(m->name, *installed);
 }
 
 std::optional<Step> Deployer::resume_step(const Deployment& d) {
+  if (d.kind == Kind::stop) return Step::stopping_old;  // stopping is idempotent; a stop never rolls back
   if (d.phase == Phase::rolling_back) return std::nullopt;
   // Cleanup began after the health check: the new model serves, only the cleanup is left to finish.
   if (d.cleanup_begun && d.phase == Phase::health_checking) return Step::cleanup;
@@ -250,7 +351,7 @@ asio::awaitable<void> Deployer::continue_unfinished(Deployment& d) {
   sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}", d.id,
             d.model, to_string(d.phase), from);
   std::erase_if(history_, [&](const Deployment& h) { return h.id == d.id; });
-  if (services_.config->find_model(d.model)) {
+  if (services_.config->find_model(d.model) || d.kind == Kind::stop) {
     begin(std::move(d), first);
     co_return;
   }
@@ -262,7 +363,7 @@ asio::awaitable<void> Deployer::continue_unfinished(Deployment& d) {
 }
 
 void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
-  const auto old = services_.config;
+  const auto old = services_.config;  // kept alive until every service is reconfigured
   services_.config = std::move(config);
   const auto& fresh = *services_.config;
 
@@ -287,58 +388,67 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
               "to later deployments",
               running_->record.id, running_->record.model);
   }
-  if (!state_.active || shutting_down_) return;
-  const std::string active = state_.active->model;
+  if (shutting_down_) return;
+  for (const auto& a : state_.active.services) reconfigure_service(a.model, *old);
+}
+
+void Deployer::reconfigure_service(const std::string& model, const config::Config& old) {
+  const auto& fresh = *services_.config;
   sys::Fields f;
-  f.model = active;
-  const auto* now = fresh.find_model(active);
-  const auto* before = old->find_model(active);
+  f.model = model;
+  const auto* now = fresh.find_model(model);
+  const auto* before = old.find_model(model);
+  auto& watcher = watcher_for(model);
   if (!now) {
     if (before)
       sys::logf(sys::Level::warning, f,
                 "active model {} is no longer configured: {} keeps running, but it is not watched any more",
-                active, units::serve_unit(active));
-    watcher_->cancel();
+                model, units::serve_unit(model));
+    watcher.cancel();
     return;
   }
   if (before && *before == *now) return;
   if (running_) return;  // the deployment owns the drop-ins and the watchdog until it ends
-  // The active model's table changed: rewrite its drop-in (the server picks it up at its next
-  // start) and watch it again with the new intervals. A model configured again after a reload
-  // had removed it is watched again too.
-  const bool rewatch = watcher_->running() || !before;
-  asio::co_spawn(io_, [this, active, f, rewatch]() -> asio::awaitable<void> {
+  // The service's table changed: rewrite its drop-in (the server picks it up at its next start)
+  // and watch it again with the new intervals. A model configured again after a reload had
+  // removed it is watched again too.
+  const bool rewatch = watcher.running() || !before;
+  asio::co_spawn(io_, [this, model, f, rewatch]() -> asio::awaitable<void> {
     auto cfg = services_.config;
-    const auto* m = cfg->find_model(active);
+    const auto* m = cfg->find_model(model);
     if (!m || running_ || shutting_down_) co_return;
     if (auto r = co_await install_dropin(services_, *m); !r)
-      sys::logf(sys::Level::error, f, "reload: cannot rewrite the drop-in of {}: {}", units::serve_unit(active),
+      sys::logf(sys::Level::error, f, "reload: cannot rewrite the drop-in of {}: {}", units::serve_unit(model),
                 r.error().message);
     else
       sys::logf(sys::Level::info, f,
                 "reload: rewrote the drop-in of {}; the running server keeps its settings until it restarts",
-                units::serve_unit(active));
-    co_await watcher_->stop();
-    if (rewatch && !running_ && !shutting_down_ && state_.active && state_.active->model == active)
-      watch_active(false);
-  }, sys::log_failure("reload: rewriting the drop-in of " + units::serve_unit(active), f));
+                units::serve_unit(model));
+    co_await watcher_for(model).stop();
+    if (rewatch && !running_ && !shutting_down_) watch_service(model, false);
+  }, sys::log_failure("reload: rewriting the drop-in of " + units::serve_unit(model), f));
 }
 
 bool Deployer::owns_service(const Running& r) {
   return r.record.old_stopped || r.rolling_back || (r.step && r.step->touches_service);
 }
 
-void Deployer::watch_active(bool wait_ready_first) {
-  if (!state_.active || shutting_down_ || (running_ && owns_service(*running_))) return;
-  watcher_->start(state_.active->model, wait_ready_first);
+std::set<std::string> Deployer::touched_models(const Running& r) {
+  auto out = models_of(r.record.previous);
+  out.insert(r.record.model);
+  return out;
 }
 
 void Deployer::shutdown(std::function<void()> done) {
   shutting_down_ = true;
-  if (watcher_->running()) {
-    // The watchdog may be in the middle of a restart: it ends first (cancelled, awaited).
-    watcher_->cancel();
-    asio::co_spawn(io_, watcher_->stop(),
+  if (any_watching()) {
+    // A watcher may be in the middle of a restart: they end first (cancelled, awaited).
+    std::set<std::string> all;
+    for (auto& [model, w] : watchers_) {
+      w->cancel();
+      all.insert(model);
+    }
+    asio::co_spawn(io_, stop_watching(all),
                    [this, done = std::move(done), log = sys::log_failure("stopping the watchdog")](
                        std::exception_ptr e) mutable {
                      log(e);
@@ -365,10 +475,7 @@ std::string Deployer::new_id(const std::string& model, std::chrono::system_clock
   return id;
 }
 
-Result<Deployment> Deployer::start(const DeployRequest& request) {
-  const std::string& model = request.model;
-  if (!services_.config->find_model(model))
-    return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+std::optional<Error> Deployer::refuse_new_record() const {
   if (running_)
     return make_error(Errc::deployment_running,
                       fmt::format("{} {} of {} is running (phase {})", noun_of(running_->record.kind), running_->record.id,
@@ -381,50 +488,109 @@ Result<Deployment> Deployer::start(const DeployRequest& request) {
     return make_error(Errc::deployment_running,
                       fmt::format("a {} of model {} is in progress; deploy when it has ended", busy_.begin()->second,
                                   busy_.begin()->first));
+  return std::nullopt;
+}
+
+Deployment Deployer::new_record(const std::string& model, Kind kind) const {
   Deployment d;
   const auto now = std::chrono::system_clock::now();
   d.id = new_id(model, now);
   d.model = model;
-  d.kind = request.kind;
+  d.kind = kind;
+  d.started_at = util::rfc3339(now);
+  d.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  return d;
+}
+
+Result<Deployment> Deployer::start(const DeployRequest& request) {
+  const std::string& model = request.model;
+  const auto* m = services_.config->find_model(model);
+  if (!m) return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
+  if (auto refused = refuse_new_record()) return *refused;
+  Deployment d = new_record(model, request.kind);
   d.commit = request.commit;  // planning lists the Hub at this commit, never the branch
   d.allow_downtime = request.kind == Kind::deploy && request.allow_downtime;
   d.restart = request.restart;
-  d.started_at = util::rfc3339(now);
-  d.started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  if (state_.active) {
-    d.previous_model = state_.active->model;
-    d.previous_commit = state_.active->commit;
-    d.previous_started = state_.active->started;
-  }
+  // A deploy stops exactly the services in conflict with its model; a pull touches none.
+  if (d.kind == Kind::deploy) d.previous = conflicting(state_.active.services, placement_of(*m), *services_.config);
   sys::Fields f;
   f.deployment = d.id;
   f.model = model;
   f.phase = "planning";
   f.message_id = message_id::started;
+  std::vector<std::string> stops;
+  for (const auto& a : d.previous) stops.push_back(a.model);
   if (d.kind == Kind::pull)
     sys::logf(sys::Level::notice, f, "pull {} of model {} started{}: no service is touched", d.id, model,
               d.commit ? " at " + *d.commit : std::string());
   else
     sys::logf(sys::Level::notice, f, "deployment {} of model {} started{}{}", d.id, model,
               d.commit ? " at " + *d.commit : std::string(),
-              d.previous_model ? fmt::format(" (replacing {})", *d.previous_model) : std::string(" (no model active)"));
-  // The watchdog keeps watching the model in service through planning, downloading and
-  // verifying (hours for a large checkpoint); drive() stops it before the first phase that
-  // touches the service.
+              !stops.empty() ? fmt::format(" (replacing {})", fmt::join(stops, ", "))
+              : state_.active ? std::string(" (no model in service conflicts with it)")
+                              : std::string(" (no model active)"));
+  // The watchdog keeps watching the services in service through planning, downloading and
+  // verifying (hours for a large checkpoint); drive() stops those it stops before the first
+  // phase that touches them.
   begin(d, Step::planning);
+  return running_->record;
+}
+
+Result<Deployment> Deployer::stop(const std::string& model) {
+  const auto* a = state_.active.find(model);
+  if (!services_.config->find_model(model) && !a)
+    return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured or in service", model));
+  if (auto refused = refuse_new_record()) return *refused;
+  Deployment d = new_record(model, Kind::stop);
+  d.phase = Phase::stopping_old;
+  sys::Fields f;
+  f.deployment = d.id;
+  f.model = model;
+  f.phase = "stopping_old";
+  f.message_id = message_id::started;
+  if (!a) {
+    // Nothing to stop: a record that says so, ended at once.
+    d.state = State::succeeded;
+    d.changed = false;
+    d.finished_at = d.started_at;
+    f.message_id = message_id::succeeded;
+    sys::logf(sys::Level::notice, f, "stop {}: model {} is not in service, nothing to do", d.id, model);
+    history_.push_front(d);
+    persist(d);
+    emit(EventKind::state, d);
+    return d;
+  }
+  d.commit = a->commit;
+  d.previous = {*a};
+  sys::logf(sys::Level::notice, f, "stop {} of model {} started: {} leaves service, its files stay on disk", d.id,
+            model, units::serve_unit(model));
+  begin(d, Step::stopping_old);
   return running_->record;
 }
 
 void Deployer::begin(Deployment d, std::optional<Step> first) {
   auto r = std::make_shared<Running>(services_);
   r->record = std::move(d);
-  const auto* model = r->services.config->find_model(r->record.model);
-  std::optional<ActiveRecord> previous;
-  if (r->record.previous_model && r->record.previous_commit)
-    previous = ActiveRecord{*r->record.previous_model, *r->record.previous_commit, ""};
-  r->run = std::make_unique<Run>(
-      Run{.record = r->record, .model = *model, .previous = std::move(previous), .last_active = state_.last_active,
-          .pulled = state_.pulled});
+  const auto& cfg = *r->services.config;
+  const auto* model = cfg.find_model(r->record.model);
+  if (!model) {
+    // A stop of a model that left the configuration: its name, and the port it was started on.
+    r->own_model = config::ModelConfig{};
+    r->own_model->name = r->record.model;
+    if (!r->record.previous.empty()) r->own_model->serve.port = placement_of(r->record.previous.front(), nullptr).port;
+    model = &*r->own_model;
+  }
+  Serving serving{models_of(state_.active.services), models_of(r->record.previous)};
+  std::vector<Placement> staying;
+  for (const auto& a : state_.active.services)
+    if (!serving.stopped.contains(a.model) && a.model != r->record.model)
+      staying.push_back(placement_of(a, cfg.find_model(a.model)));
+  r->run = std::make_unique<Run>(Run{.record = r->record,
+                                     .model = *model,
+                                     .serving = std::move(serving),
+                                     .staying = std::move(staying),
+                                     .last_active = state_.last_active,
+                                     .pulled = state_.pulled});
   r->decisions = std::make_unique<RunDecisions>(*this, *r);
   r->steps = plan_steps(r->record.kind, r->record.downtime_first);
   r->new_serves = first == Step::cleanup;  // resumed after its health check
@@ -601,11 +767,19 @@ asio::awaitable<void> Deployer::apply_warm(Running& r, const std::optional<WarmR
 }
 
 asio::awaitable<void> Deployer::apply_freed(Running& r, const Freed& freed) {
-  if (!freed.active_evicted || !state_.active) co_return;
-  sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: no model is active until {} serves",
-            state_.active->model, r.record.model);
-  state_.last_active[state_.active->model] = util::rfc3339(std::chrono::system_clock::now());
-  state_.active.reset();
+  if (!freed.active_evicted) co_return;
+  for (const auto& name : freed.evicted) {
+    if (!state_.active.erase(name)) continue;
+    sys::logf(sys::Level::warning, r.run->fields(), "model {} was evicted: it is out of service, {} serves in its place",
+              name, r.record.model);
+    state_.last_active[name] = util::rfc3339(std::chrono::system_clock::now());
+  }
+  co_await save_state(r);
+}
+
+asio::awaitable<void> Deployer::take_out_of_service(Running& r) {
+  if (!state_.active.erase(r.record.model)) co_return;
+  state_.last_active[r.record.model] = util::rfc3339(std::chrono::system_clock::now());
   co_await save_state(r);
 }
 
@@ -642,9 +816,13 @@ asio::awaitable<void> Deployer::apply_started(Running& r, std::int64_t start_req
 asio::awaitable<void> Deployer::apply_healthy(Running& r) {
   const auto& d = r.record;
   auto now = util::rfc3339(std::chrono::system_clock::now());
-  if (state_.active) state_.last_active[state_.active->model] = now;
+  // The services it stopped are out of service now; every other one serves on beside it.
+  for (const auto& a : d.previous) {
+    state_.last_active[a.model] = now;
+    state_.active.erase(a.model);
+  }
   // What launching's drop-in holds: rendered from the same configuration by the same code.
-  state_.active = ActiveRecord{d.model, *d.commit, now, started_settings(r.services, r.run->model)};
+  state_.active.put(ActiveRecord{d.model, *d.commit, now, started_settings(r.services, r.run->model)});
   state_.last_active[d.model] = now;
   forget_pulled(d.model, *d.commit);  // deployed: the revision in service needs no mark
   r.new_serves = true;
@@ -654,12 +832,14 @@ asio::awaitable<void> Deployer::apply_healthy(Running& r) {
 bool Deployer::serves_new(const Deployment& d) const {
   // A restart of the commit that serves (its settings changed, or asked for) finds the state
   // naming that commit from the start: only its own health check says the new server serves.
-  if (d.previous_model == d.model && d.previous_commit == d.commit) return false;
+  for (const auto& a : d.previous)
+    if (a.model == d.model && a.commit == d.commit) return false;
   return in_service(d.model, d.commit);
 }
 
 bool Deployer::in_service(const std::string& model, const std::optional<std::string>& commit) const {
-  return state_.active && state_.active->model == model && state_.active->commit == commit;
+  const auto* a = state_.active.find(model);
+  return a && a->commit == commit;
 }
 
 bool Deployer::is_pulled(const std::string& model, const std::string& commit) const {
@@ -680,13 +860,16 @@ asio::awaitable<void> Deployer::save_state(const sys::Fields& f) {
 }
 
 void Deployer::record_started(const std::string& model, const std::optional<StartedSettings>& settings) {
-  if (!state_.active || state_.active->model != model) return;
-  state_.active.services.front().started = settings;
+  auto* a = state_.active.find(model);
+  if (!a) return;
+  a->started = settings;
   // The watchdog restarted it while a deployment still downloads: a rollback restores this one.
-  if (running_ && !running_->record.old_stopped && running_->record.previous_model == model) {
-    running_->record.previous_started = settings;
-    persist(running_->record);
-  }
+  if (running_ && !running_->record.old_stopped)
+    for (auto& p : running_->record.previous)
+      if (p.model == model) {
+        p.started = settings;
+        persist(running_->record);
+      }
   sys::Fields f;
   f.model = model;
   asio::co_spawn(io_, [this, f]() -> asio::awaitable<void> { co_await save_state(f); },
@@ -697,7 +880,7 @@ asio::awaitable<bool> Deployer::already_serves(Running& r) {
   auto& d = r.record;
   if (d.kind != Kind::deploy) co_return false;  // a pull never touches the service
   std::optional<ActiveRecord> active;
-  if (state_.active) active = *state_.active;
+  if (const auto* a = state_.active.find(d.model)) active = *a;
   const auto check = compare_with_serving(d, active, started_settings(r.services, r.run->model));
   if (check.verdict == Redeploy::not_serving) co_return false;
   const auto f = r.run->fields();
@@ -706,7 +889,7 @@ asio::awaitable<bool> Deployer::already_serves(Running& r) {
     co_return false;
   }
   // One readiness check, the watchdog's probe: a model that does not answer is restarted.
-  auto probe = [this](const config::ModelConfig& m) { return watcher_->probe_once(m); };
+  auto probe = [this](const config::ModelConfig& m) { return watcher_for(m.name).probe_once(m); };
   if (auto why = co_await not_ready_reason(r.services, *r.run, probe)) {
     sys::logf(sys::Level::notice, f, "restarting {}: it serves commit {} but is not ready ({})", d.model,
               d.commit->substr(0, 12), *why);
@@ -761,7 +944,7 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
       break;
     }
     r.step = step;
-    if (owns_service(r) && watcher_->running()) co_await watcher_->stop();
+    if (owns_service(r)) co_await stop_watching(touched_models(r));
     auto res = co_await run_step(r, step.step);
     if (shutting_down_) {
       // Left recorded as running: the next daemon start continues it from this step.
@@ -790,7 +973,7 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
 
 asio::awaitable<bool> Deployer::must_roll_back(Running& r, const Error& failure) {
   auto& d = r.record;
-  if (!d.old_stopped || !d.previous_model || r.new_serves || serves_new(d)) {
+  if (!d.old_stopped || d.previous.empty() || d.kind == Kind::stop || r.new_serves || serves_new(d)) {
     const std::optional<Error> why = failure;
     co_await finish(r, failure.code == Errc::cancelled ? State::cancelled : State::failed, why);
     co_return false;
@@ -799,18 +982,22 @@ asio::awaitable<bool> Deployer::must_roll_back(Running& r, const Error& failure)
   // model at a new commit has switched models_dir/NAME to the new revision already, and the
   // rollback switches it back. A stat: on the disk pool (by reference only: GCC 12).
   auto& st = services_.store;
-  bool previous_on_disk = true;
-  if (d.previous_commit)
-    previous_on_disk = co_await util::on_pool<bool>(services_.disk_pool, [&] {
+  const auto& previous = d.previous;
+  const bool any_on_disk = co_await util::on_pool<bool>(services_.disk_pool, [&] {
+    return std::any_of(previous.begin(), previous.end(), [&](const ActiveRecord& a) {
       std::error_code ec;
-      return std::filesystem::is_directory(st.revision_dir(*d.previous_model, *d.previous_commit), ec);
+      return std::filesystem::is_directory(st.revision_dir(a.model, a.commit), ec);
     });
-  if (!previous_on_disk) {
-    // allow_downtime evicted it: there is nothing to bring back.
-    const std::optional<Error> why =
-        make_error(Errc::rollback_failed, fmt::format("{}; model {} was evicted to make room (allow_downtime) and "
-                                                      "cannot be restored: no model serves",
-                                                      failure.message, *d.previous_model));
+  });
+  if (!any_on_disk) {
+    // allow_downtime evicted them: there is nothing to bring back.
+    std::vector<std::string> names;
+    for (const auto& a : previous) names.push_back(a.model);
+    const std::optional<Error> why = make_error(
+        Errc::rollback_failed,
+        fmt::format("{}; model{} {} {} evicted to make room (allow_downtime) and cannot be restored{}", failure.message,
+                    names.size() == 1 ? "" : "s", fmt::join(names, ", "), names.size() == 1 ? "was" : "were",
+                    state_.active ? "" : ": no model serves"));
     co_await finish(r, State::failed, why);
     co_return false;
   }
@@ -846,7 +1033,7 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
   // rolling_back is not cancellable: leaving the host with nothing serving is worse.
   r.step.reset();
   r.rolling_back = true;
-  if (watcher_->running()) co_await watcher_->stop();
+  co_await stop_watching(touched_models(r));
   d.phase = Phase::rolling_back;
   co_await persist_now(d);
   emit(EventKind::phase, d);
@@ -854,13 +1041,14 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
   asio::cancellation_signal never;
   auto body = run_rolling_back(r.services, *r.run);
   auto res = co_await in_child(io_, never.slot(), body, "rolling_back");
-  // The outage lasts until the old model serves again.
-  if (res) {
+  // The outage lasts until the old models serve again.
+  if (res && res->readiness.ready_ns) {
     const std::optional<Readiness> back = res->readiness;
     co_await apply_started(r, res->launched.start_requested_ns, back);
   }
   const std::string first_reason = d.error ? d.error->message : "interrupted by a daemon restart";
   if (!res) {
+    r.not_restored = models_of(d.previous);
     const bool bug = res.error().code == Errc::internal;
     std::string why = bug ? "an internal error" : res.error().message;
     const std::optional<Error> failed =
@@ -868,9 +1056,31 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
     co_await finish(r, State::failed, failed);
     co_return;
   }
+  const auto& back = res->restored;
+  const std::string serve_again =
+      back.empty() ? std::string()
+                   : fmt::format("{} serve{} again", fmt::join(back, ", "), back.size() == 1 ? "s" : "");
+  if (res->failed.size() == 1 && back.empty()) {
+    r.not_restored.insert(res->failed.front().first);
+    const std::optional<Error> failed = make_error(
+        Errc::rollback_failed, fmt::format("{}; rollback failed too: {}", first_reason, res->failed.front().second));
+    co_await finish(r, State::failed, failed);
+    co_return;
+  }
+  if (!res->failed.empty()) {
+    std::vector<std::string> failures;
+    for (const auto& [model, why] : res->failed) {
+      r.not_restored.insert(model);
+      failures.push_back(fmt::format("{}: {}", model, why));
+    }
+    const std::optional<Error> failed = make_error(
+        Errc::rollback_failed, fmt::format("{}; rollback failed for {}{}", first_reason, fmt::join(failures, "; "),
+                                           serve_again.empty() ? std::string() : "; " + serve_again));
+    co_await finish(r, State::failed, failed);
+    co_return;
+  }
   const std::optional<Error> rolled_back =
-      Error{d.error ? d.error->code : Errc::internal,
-            fmt::format("{}; rolled back: {} serves again", first_reason, d.previous_model.value_or("?"))};
+      Error{d.error ? d.error->code : Errc::internal, fmt::format("{}; rolled back: {}", first_reason, serve_again)};
   co_await finish(r, State::rolled_back, rolled_back);
 }
 
@@ -894,7 +1104,10 @@ asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optio
     case State::cancelled: f.message_id = message_id::cancelled; break;
     default: f.message_id = message_id::failed; break;
   }
-  if (state == State::succeeded && d.kind == Kind::pull)
+  if (state == State::succeeded && d.kind == Kind::stop)
+    sys::logf(sys::Level::notice, f, "stop {} succeeded: model {} is out of service; its files stay on disk", d.id,
+              d.model);
+  else if (state == State::succeeded && d.kind == Kind::pull)
     sys::logf(sys::Level::notice, f, "pull {} succeeded: model {} at {} is on disk and verified{}", d.id, d.model,
               d.commit->substr(0, 12), d.changed ? "" : " (it already was: nothing changed)");
   else if (state == State::succeeded)
@@ -910,9 +1123,9 @@ asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optio
   while (history_.size() > 200) history_.pop_back();
   emit(EventKind::state, d);
   running_.reset();
-  // Whatever serves now is watched again, except after a failed rollback: then nothing known to
-  // work serves, and a loop of restarts would only hide that from the operator.
-  if (!(d.error && d.error->code == Errc::rollback_failed)) watch_active(false);
+  // Whatever serves now is watched again, except what a failed rollback could not bring back: it is
+  // not known to work, and a loop of restarts would only hide that from the operator.
+  watch_services(r.not_restored);
   announce_status();
 }
 
@@ -1015,19 +1228,18 @@ std::string Deployer::status_line() const {
     }
     return s;
   }
-  std::string s = state_.active ? fmt::format("serving {} ({})", state_.active->model, state_.active->commit.substr(0, 12))
-                                : std::string("idle, no model active");
+  std::vector<std::string> serving;
+  for (const auto& a : state_.active.services) serving.push_back(fmt::format("{} ({})", a.model, a.commit.substr(0, 12)));
+  std::string s = serving.empty() ? std::string("idle, no model active") : fmt::format("serving {}", fmt::join(serving, ", "));
   if (!history_.empty() && history_.front().state != State::succeeded)
     s += fmt::format("; last deployment {} {}", history_.front().id, to_string(history_.front().state));
-  if (state_.active) {
-    auto w = watcher_->statuses();
-    if (!w.empty() && w.front().model == state_.active->model) {
-      const auto& r = w.front();
-      if (r.state != "watching" || r.restarts > 0 || r.consecutive_failures > 0)
-        s += fmt::format("; watchdog {}, {} restart{}", r.state, r.restarts, r.restarts == 1 ? "" : "s");
-      if (r.consecutive_failures > 0) s += fmt::format(", {} failed probe{} in a row", r.consecutive_failures,
-                                                       r.consecutive_failures == 1 ? "" : "s");
-    }
+  for (const auto& r : watchdogs()) {
+    if (!state_.active.find(r.model)) continue;
+    const std::string who = serving.size() > 1 ? " of " + r.model : std::string();
+    if (r.state != "watching" || r.restarts > 0 || r.consecutive_failures > 0)
+      s += fmt::format("; watchdog{} {}, {} restart{}", who, r.state, r.restarts, r.restarts == 1 ? "" : "s");
+    if (r.consecutive_failures > 0)
+      s += fmt::format(", {} failed probe{} in a row", r.consecutive_failures, r.consecutive_failures == 1 ? "" : "s");
   }
   return s;
 }
@@ -1035,36 +1247,32 @@ std::string Deployer::status_line() const {
 void Deployer::announce_status() { sys::notify_status(status_line()); }
 
 std::optional<Active> Deployer::active() const {
-  if (!state_.active) return std::nullopt;
+  const auto* last = state_.active.last();
+  if (!last) return std::nullopt;
   Active a;
-  a.model = state_.active->model;
-  a.commit = state_.active->commit;
+  a.model = last->model;
+  a.commit = last->commit;
   a.unit = units::serve_unit(a.model);
-  if (const auto* m = services_.config->find_model(a.model)) a.port = m->serve.port;
-  a.since = state_.active->since;
+  a.port = placement_of(*last, services_.config->find_model(a.model)).port;
+  a.since = last->since;
   return a;
 }
 
 std::vector<ServiceInfo> Deployer::services() const {
   std::vector<ServiceInfo> out;
-  const auto watched = watcher_->statuses();
+  const auto watched = watchdogs();
   for (const auto& a : state_.active.services) {
     ServiceInfo i{a.model, a.commit, units::serve_unit(a.model)};
     const auto* m = services_.config->find_model(a.model);
-    i.port = a.started && a.started->port ? a.started->port : m ? m->serve.port : 0;
-    i.gpu_ids = a.started ? a.started->gpu_ids : m ? m->serve.gpu_ids : std::nullopt;
+    const auto p = placement_of(a, m);
+    i.port = p.port;
+    i.gpu_ids = p.gpu_ids;
     i.since = a.since;
     for (const auto& w : watched)
       if (w.model == a.model) i.watchdog = w;
     out.push_back(std::move(i));
   }
   return out;
-}
-
-Result<Deployment> Deployer::stop(const std::string& model) {
-  if (!services_.config->find_model(model))
-    return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
-  return make_error(Errc::internal, fmt::format("stopping model {}: not built yet", model));
 }
 
 std::optional<Deployment> Deployer::current() const {
@@ -1181,7 +1389,7 @@ std::vector<ModelInfo> Deployer::model_list(const DiskModels& disk) const {
     i.repo = m.repo;
     i.revision = m.revision;
     i.pinned = m.pinned;
-    i.active = state_.active && state_.active->model == name;
+    i.active = state_.active.find(name) != nullptr;
     if (auto la = state_.last_active.find(name); la != state_.last_active.end()) i.last_active = la->second;
     i.state = "absent";
     if (auto s = disk.by_name.find(name); s != disk.by_name.end()) {
@@ -1210,7 +1418,7 @@ std::vector<RevisionInfo> Deployer::revisions_of(const std::string& model,
 std::optional<Error> Deployer::disk_conflict(const std::string& model, std::string_view action) const {
   if (auto b = busy_.find(model); b != busy_.end())
     return make_error(Errc::deployment_running, fmt::format("a {} of model {} is in progress", b->second, model));
-  if (action == "rm" && state_.active && state_.active->model == model)
+  if (action == "rm" && state_.active.find(model))
     return make_error(Errc::model_active,
                       fmt::format("model {} is active (served by {}); deploy another model before removing it", model,
                                   units::serve_unit(model)));
@@ -1218,7 +1426,7 @@ std::optional<Error> Deployer::disk_conflict(const std::string& model, std::stri
     const auto& d = running_->record;
     // Verifying reads every file while a deployment may link, download or evict; rm only
     // conflicts with the deployment's own target and the model it replaces.
-    if (action == "verify" || d.model == model || d.previous_model == model)
+    if (action == "verify" || touched_models(*running_).contains(model))
     {
       // "rm --commit" is written "rm NAME --commit ...": the model right after the command.
       const auto space = action.find(' ');
@@ -1266,10 +1474,12 @@ asio::awaitable<Result<PlanReport>> Deployer::plan(std::string model, bool allow
 
 asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig& m, bool allow_downtime) {
   std::optional<std::string> active;
-  if (state_.active) active = state_.active->model;
+  if (const auto* last = state_.active.last()) active = last->model;
+  const Serving serving{models_of(state_.active.services),
+                        models_of(conflicting(state_.active.services, placement_of(m), *services_.config))};
   const auto last_active = state_.last_active;
   const auto pulled = state_.pulled;
-  co_return co_await dry_run_plan(services_, m, allow_downtime, active, last_active, pulled);
+  co_return co_await dry_run_plan(services_, m, allow_downtime, serving, active, last_active, pulled);
 }
 
 asio::awaitable<std::optional<Error>> Deployer::unknown_model(const std::string& model) {
@@ -1309,12 +1519,11 @@ asio::awaitable<Result<VerifyReport>> Deployer::verify(std::string model) {
 }
 
 void Deployer::rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f) {
-  if (!state_.active || state_.active->model != model || state_.active->commit != commit || watcher_->running())
-    return;
+  if (!in_service(model, commit) || watcher_for(model).running()) return;
   // The watchdog stops for good when it finds the files changed; now they hash clean again, it
   // watches (and restarts a server that is down) once more.
   sys::logf(sys::Level::notice, f, "model {} is active and its files are intact: the watchdog watches it again", model);
-  watch_active(false);
+  watch_service(model, false);
 }
 
 asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
@@ -1359,7 +1568,19 @@ std::uint64_t Deployer::subscribe(std::function<void(const Event&)> listener) {
 
 void Deployer::unsubscribe(std::uint64_t token) { listeners_.erase(token); }
 
-std::vector<WatchdogStatus> Deployer::watchdogs() const { return watcher_->statuses(); }
+std::vector<WatchdogStatus> Deployer::watchdogs() const {
+  // The active service's watcher first (the API's "watchdog"), then the others by model name.
+  std::vector<WatchdogStatus> out;
+  const auto* last = state_.active.last();
+  auto add = [&](const ModelWatcher& w) {
+    for (auto& st : w.statuses()) out.push_back(std::move(st));
+  };
+  if (last)
+    if (auto it = watchers_.find(last->model); it != watchers_.end()) add(*it->second);
+  for (const auto& [model, w] : watchers_)
+    if (!last || model != last->model) add(*w);
+  return out;
+}
 
 double Deployer::uptime_s() const {
   return std::chrono::duration<double>(Clock::now() - started_).count();

@@ -12,6 +12,7 @@
 #include "deploy/state_store.hpp"
 #include "deploy/steps.hpp"
 #include "deploy/model_watcher.hpp"
+#include "units/service_manager.hpp"
 #include "util/single_flight.hpp"
 
 #include <boost/asio/cancellation_signal.hpp>
@@ -23,6 +24,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 
 namespace modeld::deploy {
 
@@ -47,9 +49,11 @@ class Deployer final : public Engine {
   /// Loads state.json and the history; io_error when state.json is unreadable. Blocks (reads state_dir): call it at start.
   Result<void> load();
 
-  /// At daemon start: rewrites the active model's drop-in and starts its service if it is not
-  /// running, unless an unfinished deployment takes over, which is then continued. When no
-  /// deployment continues, the watchdog starts watching the active model.
+  /// At daemon start: rewrites the drop-in of every service in service and starts those that are
+  /// not running (of two that today's configuration makes conflict, the one put into service later
+  /// starts and the journal names the other, which leaves service), except those an unfinished
+  /// deployment began to stop, which is then continued. Each service is watched by its own model
+  /// watcher, except while a continued deployment owns it.
   boost::asio::awaitable<void> recover();
 
   /// Stops the watchdog and the running deployment for a daemon shutdown, leaving the deployment
@@ -62,9 +66,9 @@ class Deployer final : public Engine {
 
   /// Takes over a reloaded configuration (SIGHUP): new deployments, plans, verify, rm, the model
   /// list and the watchdog use `config` from now on. A running deployment is not interrupted: it
-  /// finishes (or rolls back) with the configuration it started with. When no deployment runs
-  /// and the active model's table changed, its drop-in is rewritten (the server keeps running
-  /// with its old settings until its next start) and the watchdog starts over with the new
+  /// finishes (or rolls back) with the configuration it started with. When no deployment runs,
+  /// each service whose model's table changed gets its drop-in rewritten (the server keeps
+  /// running with its old settings until its next start) and its watcher starts over with the new
   /// intervals. Settings that need a restart must already be set back (keep_fixed_settings).
   /// Logs what changed; never fails.
   void reconfigure(std::shared_ptr<const config::Config> config);
@@ -137,7 +141,7 @@ class Deployer final : public Engine {
   // rolling_back, not cancellable, then the end of the deployment.
   boost::asio::awaitable<void> roll_back(Running& r);
   // Whether the daemon's state says that deployment `d`'s model at its commit serves (never for
-  // a restart of the commit that served when it started).
+  // a restart of a commit that served when it started).
   bool serves_new(const Deployment& d) const;
   // Whether the daemon's state has `model` in service at `commit`.
   bool in_service(const std::string& model, const std::optional<std::string>& commit) const;
@@ -146,7 +150,7 @@ class Deployer final : public Engine {
   // Writes state.json on the disk pool (awaited), logging (not failing) when it cannot.
   boost::asio::awaitable<void> save_state(Running& r);
   boost::asio::awaitable<void> save_state(const sys::Fields& f);
-  // The service of `model`, the active one, was started with `settings` (nullopt: unknown):
+  // The service of `model`, in service, was started with `settings` (nullopt: unknown):
   // recorded in state.json (written in the background).
   void record_started(const std::string& model, const std::optional<StartedSettings>& settings);
   // After planning: whether the deployment's model already serves its commit with the same
@@ -162,9 +166,22 @@ class Deployer final : public Engine {
   bool forget_pulled(const std::string& model, const std::optional<std::string>& commit);
   // The step an interrupted deployment continues from; nullopt: it rolls back.
   static std::optional<Step> resume_step(const Deployment& d);
-  // At start: the active model's drop-in rewritten and its unit started unless it runs; sets
-  // `watch` (it may be watched) and `started_unit` (readiness comes before the first probe).
-  boost::asio::awaitable<void> recover_active(bool& watch, bool& started_unit);
+  // At start: the services that today's configuration makes conflict leave service (the later
+  // one stays), except those in `owned` (an unfinished deployment's); returns each unit's status.
+  boost::asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> settle_conflicts_at_boot(
+      const std::set<std::string>& owned);
+  // At start: service `a`'s drop-in rewritten and its unit (status `st`) started unless it runs;
+  // sets `watch` (it may be watched) and `started_unit` (readiness comes before the first probe).
+  boost::asio::awaitable<void> recover_service(const ActiveRecord& a, const Result<units::UnitStatus>& st, bool& watch,
+                                               bool& started_unit);
+  // Reload: the drop-in of service `model` rewritten when its table changed, its watcher restarted.
+  void reconfigure_service(const std::string& model, const config::Config& old);
+  // Why no new record may start now (one runs, one is about to continue, shutdown, verify or rm).
+  std::optional<Error> refuse_new_record() const;
+  // A new record of `kind` for `model`, not started.
+  Deployment new_record(const std::string& model, Kind kind) const;
+  // Takes `model` out of service in the daemon's state (a stop decided), persisted (awaited).
+  boost::asio::awaitable<void> take_out_of_service(Running& r);
   // At start: continues the interrupted deployment `d` (or fails it when its model went).
   boost::asio::awaitable<void> continue_unfinished(Deployment& d);
   void begin(Deployment d, std::optional<Step> first);
@@ -180,14 +197,26 @@ class Deployer final : public Engine {
   // Calls every listener with `e`.
   void publish(const Event& e);
   void announce_status();
-  void watch_active(bool wait_ready_first);
+  // The model watcher of `model`, made on first use (its counters are kept across watches).
+  ModelWatcher& watcher_for(const std::string& model);
+  // Starts watching service `model` unless it is not in service, already watched, or owned by the
+  // running deployment.
+  void watch_service(const std::string& model, bool wait_ready_first);
+  // Watches every service in service but those in `except`.
+  void watch_services(const std::set<std::string>& except = {});
+  // Stops the watchers of `models` (cancelled, awaited).
+  boost::asio::awaitable<void> stop_watching(const std::set<std::string>& models);
+  // Whether any watcher runs.
+  bool any_watching() const;
   // After `modelctl verify` found the files of `model` at `commit` intact: when that revision is
   // the active one and the watchdog had stopped (it gives up on changed files), watches it again.
   void rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f);
-  // Whether running deployment `r` owns the model service: its current step touches the service,
-  // it rolls back, or the old server was stopped. Until then the watchdog keeps watching the model
-  // in service (a large download takes hours); run_steps() stops it first.
+  // Whether running deployment `r` owns the services it touches (touched_models): its current step
+  // touches them, it rolls back, or their servers were stopped. Until then their watchers keep
+  // watching (a large download takes hours); run_steps() stops them first.
   static bool owns_service(const Running& r);
+  // The models whose services deployment `r` stops or starts: its own and those in conflict with it.
+  static std::set<std::string> touched_models(const Running& r);
   void on_progress(Running& r, const struct fetch::Progress& p);
   /// Warming's figures: record.warm, a progress event, STATUS= at most every second.
   void on_warm_progress(Running& r, const WarmReport& w);
@@ -235,8 +264,11 @@ class Deployer final : public Engine {
   std::shared_ptr<const DiskModels> last_walk_;
   /// Runs models()'s store walks, apart from the disk pool's long jobs (hashing, deletions).
   boost::asio::thread_pool status_pool_{1};
-  /// Watches the active model while no deployment owns its service; declared last so it goes first.
-  std::unique_ptr<ModelWatcher> watcher_;
+  /// The watchers' timing (tests shorten it).
+  ModelWatcher::Options watch_options_;
+  /// One model watcher per model that served since the daemon started, each watching its service
+  /// while no deployment owns it; declared last so they go first.
+  std::map<std::string, std::unique_ptr<ModelWatcher>> watchers_;
 };
 
 }  // namespace modeld::deploy

@@ -178,8 +178,8 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
       {"switch", switch_json(d.switch_report)},
   };
   if (internal) {
-    j["previous_model"] = util::or_null(d.previous_model);
-    j["previous_commit"] = util::or_null(d.previous_commit);
+    j["previous"] = nlohmann::json::array();
+    for (const auto& a : d.previous) j["previous"].push_back(to_json(a));
     j["old_stopped"] = d.old_stopped;
     j["downtime_first"] = d.downtime_first;
     j["cancel_requested"] = d.cancel_requested;
@@ -187,10 +187,29 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["started_ns"] = d.started_ns;
     j["switch_marks"] = marks_json(d.switch_marks);
     j["restart"] = d.restart;
-    if (d.previous_started) j["previous_started"] = to_json(*d.previous_started);
   }
   return j;
 }
+
+namespace {
+
+// The services a record stops: "previous", or in a record written before the list, the one of
+// "previous_model", "previous_commit" and "previous_started".
+void read_previous(const nlohmann::json& j, Deployment& d) {
+  if (j.contains("previous")) {
+    for (const auto& a : j.at("previous")) d.previous.push_back(active_record_from_json(a));
+    return;
+  }
+  if (!j.contains("previous_model") || j["previous_model"].is_null() || !j.contains("previous_commit") ||
+      j["previous_commit"].is_null())
+    return;
+  ActiveRecord a{j["previous_model"].get<std::string>(), j["previous_commit"].get<std::string>(), ""};
+  if (j.contains("previous_started") && j["previous_started"].is_object())
+    if (auto st = started_settings_from_json(j["previous_started"])) a.started = std::move(*st);
+  d.previous.push_back(std::move(a));
+}
+
+}  // namespace
 
 Result<Deployment> deployment_from_json(const nlohmann::json& j) {
   try {
@@ -221,10 +240,7 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
       d.benchmark_ttft_s = j["benchmark"].at("ttft_s").get<double>();
       d.benchmark_decode_tokens_per_s = j["benchmark"].at("decode_tokens_per_s").get<double>();
     }
-    if (j.contains("previous_model") && !j["previous_model"].is_null())
-      d.previous_model = j["previous_model"].get<std::string>();
-    if (j.contains("previous_commit") && !j["previous_commit"].is_null())
-      d.previous_commit = j["previous_commit"].get<std::string>();
+    read_previous(j, d);
     d.old_stopped = j.value("old_stopped", false);
     d.downtime_first = j.value("downtime_first", false);
     d.cancel_requested = j.value("cancel_requested", false);
@@ -237,11 +253,6 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.started_ns = j.value("started_ns", std::int64_t{0});
     if (j.contains("switch_marks")) d.switch_marks = marks_from_json(j["switch_marks"]);
     d.restart = j.value("restart", false);
-    if (j.contains("previous_started") && j["previous_started"].is_object()) {
-      auto st = started_settings_from_json(j["previous_started"]);
-      if (!st) return st.error();
-      d.previous_started = std::move(*st);
-    }
     return d;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());

@@ -2,6 +2,7 @@
 // The deployment record: what the API calls DEPLOYMENT (interface.md "Control API"), its
 // phases and states, and its JSON form (the same in the API, the SSE stream and state_dir).
 
+#include "deploy/records.hpp"
 #include "deploy/started.hpp"
 #include "util/error.hpp"
 
@@ -118,11 +119,11 @@ struct Deployment {
   std::optional<WarmReport> warm;            ///< null until warming ran
   std::optional<SwitchReport> switch_report;  ///< the API's "switch": null until the new service was ready
   // Internal bookkeeping that lets a restarted daemon continue or roll back (also persisted).
-  std::optional<std::string> previous_model;   ///< the model that served when it started
-  std::optional<std::string> previous_commit;
-  /// The settings the previous model's service was started with, when recorded: rolling_back
-  /// starts it again with exactly these, not as today's configuration would render it.
-  std::optional<StartedSettings> previous_started;
+  /// The services in conflict with the model when it started (a stop: the one it stops), in the
+  /// order they were put into service, each with the settings it was started with when
+  /// recorded: stopping_old stops them, rolling_back starts them again with exactly those
+  /// settings, not as today's configuration would render them. Every other service is left alone.
+  std::vector<ActiveRecord> previous;
   /// `"restart": true` was asked for: restart the model even when it already serves that commit
   /// with the same settings.
   bool restart = false;

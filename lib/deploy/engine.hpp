@@ -52,7 +52,7 @@ struct PlannedEviction {
   std::string name;
   std::uint64_t bytes = 0;                 ///< what deleting it frees
   std::optional<std::string> last_active;  ///< RFC 3339; nullopt when it never served
-  bool active = false;                     ///< the model in service (only with allow_downtime)
+  bool active = false;                     ///< a model in service that the deployment stops (only with allow_downtime)
 };
 
 /// The outcome of a dry run of planning and freeing_disk (GET /v1/models/{name}/plan).
@@ -78,8 +78,11 @@ struct PlanReport {
   bool fits = false;
   std::uint64_t shortfall_bytes = 0;  ///< when it does not fit: what is missing even after every eviction
   bool allow_downtime = false;
-  std::optional<std::string> active_model;  ///< the model in service when planned
-  bool rollback_possible = true;      ///< false when the plan evicts the active model
+  std::optional<std::string> active_model;  ///< the model in service when planned (of several, the one put into service last)
+  /// The services a deployment would stop: those in conflict with the model (same model, GPUs
+  /// that overlap, or the same port); every other keeps serving.
+  std::vector<std::string> stops;
+  bool rollback_possible = true;      ///< false when the plan evicts a model it stops
   /// When warming would run: "before_stop" (while the old model serves), "in_outage" (after
   /// allow_downtime stopped the evicted active model: it adds to the outage) or "off" (serve.warm).
   std::string warming = "before_stop";

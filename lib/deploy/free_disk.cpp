@@ -7,16 +7,17 @@
 #include "util/quantities.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace modeld::deploy {
 
 std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<store::StoredModel>& stored,
                                                           const config::Config& cfg, const std::string& target,
-                                                          const std::optional<std::string>& active,
+                                                          const Serving& serving,
                                                           const std::map<std::string, std::string>& last_active,
                                                           bool may_evict_active, const Pulled& pulled) {
   std::vector<store::EvictionCandidate> candidates;
-  std::optional<store::EvictionCandidate> active_candidate;
+  std::vector<store::EvictionCandidate> serving_candidates;
   for (const auto& m : stored) {
     if (m.name == target) continue;
     if (const auto* mc = cfg.find_model(m.name); mc && mc->pinned) continue;
@@ -26,22 +27,23 @@ std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<stor
     store::EvictionCandidate c{m.name, m.size_bytes,
                                la == last_active.end() ? std::chrono::system_clock::time_point{}
                                                        : util::parse_rfc3339(la->second)};
-    if (active && *active == m.name) {
-      // Evicting the model in service costs the rollback: only as the very last resort.
-      if (may_evict_active) active_candidate = std::move(c);
+    if (serving.models.contains(m.name)) {
+      // A model that keeps serving is never evicted; evicting one the deployment stops costs its
+      // rollback: only as the very last resort.
+      if (may_evict_active && serving.stopped.contains(m.name)) serving_candidates.push_back(std::move(c));
       continue;
     }
     candidates.push_back(std::move(c));
   }
-  if (active_candidate) {
-    active_candidate->last_active = std::chrono::system_clock::time_point::max();
-    candidates.push_back(std::move(*active_candidate));
+  for (auto& c : serving_candidates) {
+    c.last_active = std::chrono::system_clock::time_point::max();
+    candidates.push_back(std::move(c));
   }
   return candidates;
 }
 
 Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
-                                          const std::optional<std::string>& active,
+                                          const Serving& serving,
                                           const std::map<std::string, std::string>& last_active,
                                           bool may_evict_active, const Pulled& pulled) {
   const auto& cfg = *s.config;
@@ -55,8 +57,8 @@ Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const
     return plan;
   }
   return store::plan_disk(need, *free, cfg.daemon.disk_reserve,
-                          eviction_candidates(s.store.list(), cfg, target, active, last_active, may_evict_active,
-                                                              pulled));
+                          eviction_candidates(s.store.list(), cfg, target, serving, last_active, may_evict_active,
+                                              pulled));
 }
 
 std::uint64_t bytes_still_needed(Services& s, const std::string& model, const std::string& commit,
@@ -77,28 +79,32 @@ struct DiskNeeds {
   bool fits_with_active = false;
 };
 
-DiskNeeds disk_needs(Services& s, const Run& run, const std::optional<std::string>& active) {
+DiskNeeds disk_needs(Services& s, const Run& run) {
   DiskNeeds n;
   n.need = bytes_still_needed(s, run.model.name, *run.record.commit, run.missing);
   if (n.need == 0) return n;
-  // The active model is evicted only when planning put stopping_old first (allow_downtime).
-  n.plan = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, run.record.downtime_first,
+  // A model the deployment stops is evicted only when planning put stopping_old first (allow_downtime).
+  n.plan = plan_freeing_disk(s, n.need, run.model.name, run.serving, run.last_active, run.record.downtime_first,
                              run.pulled);
-  if (n.plan && !n.plan->fits && active && !run.record.downtime_first) {
-    auto with_active = plan_freeing_disk(s, n.need, run.model.name, active, run.last_active, true, run.pulled);
+  if (n.plan && !n.plan->fits && !run.serving.stopped.empty() && !run.record.downtime_first) {
+    auto with_active = plan_freeing_disk(s, n.need, run.model.name, run.serving, run.last_active, true, run.pulled);
     n.fits_with_active = with_active && with_active->fits;
   }
   return n;
+}
+
+// "the active model m" or "the models in service a, b" that the run stops.
+std::string describe_stopped(const Run& run) {
+  const auto& st = run.serving.stopped;
+  return fmt::format("{} {}", st.size() == 1 ? "the active model" : "the models in service", fmt::join(st, ", "));
 }
 
 }  // namespace
 
 boost::asio::awaitable<Result<Freed>> run_freeing_disk(Services& s, const Run& run) {
   const auto& cfg = *s.config;
-  std::optional<std::string> active;
-  if (run.previous) active = run.previous->model;
   // By reference only (GCC 12 mis-copies class objects captured by value in a coroutine).
-  auto needs = co_await util::on_pool<DiskNeeds>(s.disk_pool, [&] { return disk_needs(s, run, active); });
+  auto needs = co_await util::on_pool<DiskNeeds>(s.disk_pool, [&] { return disk_needs(s, run); });
   const std::uint64_t need = needs.need;
   if (need == 0) {
     sys::logf(sys::Level::info, run.fields(), "nothing to free: no bytes left to download");
@@ -113,13 +119,13 @@ boost::asio::awaitable<Result<Freed>> run_freeing_disk(Services& s, const Run& r
     // Say so when evicting the model in service would make room: the operator decides.
     std::string hint;
     if (needs.fits_with_active)
-      hint = fmt::format("; it fits if the active model {} is evicted: deploy with --allow-downtime (no rollback "
+      hint = fmt::format("; it fits if {} {} evicted: deploy with --allow-downtime (no rollback "
                          "is possible then)",
-                         *active);
+                         describe_stopped(run), run.serving.stopped.size() == 1 ? "is" : "are");
     co_return make_error(
         Errc::disk_full,
         fmt::format("model {} needs {} more on {}, but only {} is available ({} free minus disk_reserve {}), "
-                    "and evicting every other unpinned, inactive model would free only {}{}",
+                    "and evicting every other unpinned model not in service would free only {}{}",
                     run.model.name, util::format_bytes(need), cfg.daemon.models_dir.string(),
                     util::format_bytes(*free > cfg.daemon.disk_reserve ? *free - cfg.daemon.disk_reserve : 0),
                     util::format_bytes(*free), util::format_bytes(cfg.daemon.disk_reserve),
@@ -136,7 +142,7 @@ boost::asio::awaitable<Result<Freed>> run_freeing_disk(Services& s, const Run& r
     auto freed = co_await util::on_pool<Result<std::uint64_t>>(s.disk_pool, [&] { return s.store.remove_model(name); });
     if (!freed) co_return freed.error();
     freed_models.evicted.push_back(name);
-    if (active && *active == name) freed_models.active_evicted = true;
+    if (run.serving.models.contains(name)) freed_models.active_evicted = true;
     sys::Fields f = run.fields();
     f.extra.emplace_back("MODELD_EVICTED", victim.name);
     sys::logf(sys::Level::notice, f, "evicted model {} ({}) to make room", victim.name, util::format_bytes(*freed));

@@ -24,6 +24,18 @@ inline constexpr std::uint64_t kGpuSlackBytes = 256ull << 20;
 boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
                                                           std::chrono::steady_clock::time_point deadline, bool compare);
 
+/// The same for a switch that stops only some services: `freed` the GPUs of the stopped ones
+/// (nullopt: every GPU), `still_busy` those of the services that keep serving.
+/// (Until the per-GPU wait lands this compares every GPU.)
+inline boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
+                                                                 std::chrono::steady_clock::time_point deadline,
+                                                                 bool compare, const config::GpuSet& freed,
+                                                                 const std::vector<config::GpuSet>& still_busy) {
+  (void)freed;
+  (void)still_busy;
+  return wait_gpu_memory_back(s, run, deadline, compare);
+}
+
 /// Before launching: the first `serve.gpus` GPUs are visible and each has `serve.gpu_memory`
 /// bytes free; unit_failed naming the GPUs short of memory and who holds it. Nothing to check
 /// when `serve.gpus` is 0.

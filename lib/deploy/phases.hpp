@@ -11,6 +11,7 @@
 #include "deploy/deployment.hpp"
 #include "deploy/engine.hpp"
 #include "store/store.hpp"
+#include "deploy/placement.hpp"
 #include "deploy/records.hpp"
 #include "hub/hub.hpp"
 #include "sys/log.hpp"
@@ -47,12 +48,21 @@ struct Services {
   std::function<boost::asio::awaitable<Result<void>>(const config::ModelConfig&, const sys::Fields&)> wait_ready;
 };
 
+/// What eviction knows of the services in service: their models are never evicted, except those
+/// the deployment stops (`stopped`, in conflict with its model) when allow_downtime lets it, and
+/// then only as the very last resort.
+struct Serving {
+  std::set<std::string> models;   ///< every model in service
+  std::set<std::string> stopped;  ///< those of them the deployment stops
+};
+
 /// What a phase reads of the deployment it works on. The driver builds it (designated
 /// initializers) and alone changes it, applying the phases' results; phases get it const.
 struct Run {
   const Deployment& record;                ///< the driver's record (commit, flags, phase)
   const config::ModelConfig& model;        ///< the configuration the deployment started with
-  std::optional<ActiveRecord> previous;    ///< the model that served when the run started
+  Serving serving = {};                    ///< the services in service when the run started
+  std::vector<Placement> staying = {};     ///< where the services it leaves serving run (their GPUs stay busy)
   std::map<std::string, std::string> last_active = {};  ///< model -> RFC 3339, for eviction order
   Pulled pulled = {};  ///< revisions pulled ahead: their models are not evicted, cleanup spares them
   std::optional<repo::Snapshot> snapshot = {};  ///< after planning, with files filtered
@@ -125,10 +135,13 @@ struct Readiness {
   std::int64_t ready_ns = 0;
 };
 
-/// What rolling_back did: when it asked for the old service's start, and when that was ready.
+/// What rolling_back did: when it asked for the first old service's start and when the last one
+/// was ready (0 when none came back), which came back, and which did not, with why.
 struct Restored {
   Launched launched;
   Readiness readiness;
+  std::vector<std::string> restored;                          ///< models serving again, in order
+  std::vector<std::pair<std::string, std::string>> failed;   ///< model -> why it did not come back
 };
 
 /// What benchmarking measured; empty when disabled or failed (a failed benchmark is no failure).
@@ -164,12 +177,13 @@ boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, c
                                                                  const std::string& revision);
 
 /// The eviction candidates of freeing_disk among `stored`: every model but the target, pinned
-/// ones, those with a revision in `pulled` and (unless `may_evict_active`) the active one, with
-/// when it last served (`last_active`, model -> RFC 3339). The active model, when allowed, goes
-/// last whatever its time says.
+/// ones, those with a revision in `pulled` and those in service (`serving.models`; with
+/// `may_evict_active`, those the deployment stops are candidates after all), with when it last
+/// served (`last_active`, model -> RFC 3339). A model in service, when allowed, goes last
+/// whatever its time says.
 std::vector<store::EvictionCandidate> eviction_candidates(const std::vector<store::StoredModel>& stored,
                                                           const config::Config& config, const std::string& target,
-                                                          const std::optional<std::string>& active,
+                                                          const Serving& serving,
                                                           const std::map<std::string, std::string>& last_active,
                                                           bool may_evict_active, const Pulled& pulled = {});
 
@@ -184,16 +198,17 @@ std::uint64_t bytes_still_needed(Services& s, const std::string& model, const st
 /// evict (never one with a revision in `pulled`). A plan that needs nothing fits and evicts
 /// nothing. Errors: io_error (statvfs). Blocks (statvfs, a walk of the store): call it on the disk pool.
 Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const std::string& target,
-                                          const std::optional<std::string>& active,
+                                          const Serving& serving,
                                           const std::map<std::string, std::string>& last_active,
                                           bool may_evict_active, const Pulled& pulled = {});
 
 /// The dry run behind `modelctl plan`: list_planned_files, the store's dry-run of linking
 /// (Store::plan_missing), partial bytes and plan_freeing_disk, disk work on the disk pool;
-/// changes nothing on disk. `active` is the model in service; models with a revision in `pulled`
-/// are not evicted. Errors as list_planned_files, io_error.
+/// changes nothing on disk. `serving` are the services in service and those the deployment
+/// would stop (PlanReport::stops); `active` the one put into service last; models with a revision
+/// in `pulled` are not evicted. Errors as list_planned_files, io_error.
 boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
-                                                               bool allow_downtime,
+                                                               bool allow_downtime, const Serving& serving,
                                                                const std::optional<std::string>& active,
                                                                const std::map<std::string, std::string>& last_active,
                                                                const Pulled& pulled = {});
@@ -304,9 +319,10 @@ boost::asio::awaitable<Result<Benchmarked>> run_benchmarking(Services& s, const 
 /// io_error (the deployment still succeeds).
 boost::asio::awaitable<Result<Cleaned>> run_cleanup(Services& s, const Run& run, const std::string& keep_commit);
 
-/// rolling_back: stop the new service, restore the previous model's link and service, wait for
-/// its readiness, returning when its start was asked for and when it was ready. Returns
-/// rollback_failed when the old service cannot be restored.
+/// rolling_back: stop the new service, then restore every service the run stopped (its link, its
+/// drop-in as it ran, warmed), started in the order they were put into service and then each
+/// awaited ready. Returns which came back and which did not (Restored::failed); rollback_failed
+/// only when the new service cannot be stopped or nothing served before.
 boost::asio::awaitable<Result<Restored>> run_rolling_back(Services& s, const Run& run);
 
 /// How long to wait for a unit to become inactive after StopUnit: its stop_timeout (the

@@ -10,6 +10,7 @@
 #include "verify/verify.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <set>
@@ -215,17 +216,17 @@ boost::asio::awaitable<Result<repo::Snapshot>> list_planned_files(Services& s, c
 
 namespace {
 
-// Whether stopping_old must come before freeing_disk: allow_downtime, and only evicting the
-// active model makes room for `need` bytes. Blocks (statvfs, a walk of the store).
+// Whether stopping_old must come before freeing_disk: allow_downtime, and only evicting models
+// the deployment stops makes room for `need` bytes. Blocks (statvfs, a walk of the store).
 Result<bool> downtime_first_needed(Services& s, const Run& run, std::uint64_t need) {
-  auto without = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, false, run.pulled);
+  auto without = plan_freeing_disk(s, need, run.model.name, run.serving, run.last_active, false, run.pulled);
   if (!without) return without.error();
   if (without->fits) return false;
-  auto with = plan_freeing_disk(s, need, run.model.name, run.previous->model, run.last_active, true, run.pulled);
+  auto with = plan_freeing_disk(s, need, run.model.name, run.serving, run.last_active, true, run.pulled);
   if (!with) return with.error();
-  const bool evicts_active = std::any_of(with->evict.begin(), with->evict.end(),
-                                         [&](const auto& c) { return c.name == run.previous->model; });
-  return with->fits && evicts_active;
+  const bool evicts_stopped = std::any_of(with->evict.begin(), with->evict.end(),
+                                          [&](const auto& c) { return run.serving.stopped.contains(c.name); });
+  return with->fits && evicts_stopped;
 }
 
 // The order planning decides: with allow_downtime, only when the download cannot fit otherwise
@@ -233,7 +234,7 @@ Result<bool> downtime_first_needed(Services& s, const Run& run, std::uint64_t ne
 // A resumed deployment keeps the order it decided. Disk work on the disk pool.
 boost::asio::awaitable<Result<bool>> decide_order(Services& s, const Run& run, const Planned& p) {
   const auto& rec = run.record;
-  if (rec.downtime_first || !rec.allow_downtime || !run.previous) co_return rec.downtime_first;
+  if (rec.downtime_first || !rec.allow_downtime || run.record.previous.empty()) co_return rec.downtime_first;
   std::uint64_t need = 0;
   auto first = co_await util::on_pool<Result<bool>>(s.disk_pool, [&] {
     need = bytes_still_needed(s, run.model.name, p.snapshot.commit, p.missing);
@@ -241,9 +242,10 @@ boost::asio::awaitable<Result<bool>> decide_order(Services& s, const Run& run, c
   });
   if (first && *first)
     sys::logf(sys::Level::warning, run.fields(),
-              "{} more are needed and only evicting the active model {} makes room: allow_downtime is set, so "
-              "{} is stopped before freeing_disk and no rollback will be possible",
-              util::format_bytes(need), run.previous->model, run.previous->model);
+              "{} more are needed and only evicting {} makes room: allow_downtime is set, so {} stopped before "
+              "freeing_disk and no rollback will be possible",
+              util::format_bytes(need), fmt::join(run.serving.stopped, ", "),
+              run.serving.stopped.size() == 1 ? "it is" : "they are");
   co_return first;
 }
 
@@ -297,7 +299,7 @@ namespace {
 // The disk side of the dry run: what is local, linkable and partial, and the eviction plan.
 // Blocking (stats and tree walks): runs on the disk pool.
 Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, const repo::Snapshot& listed,
-                                PlanReport p, const std::optional<std::string>& active,
+                                PlanReport p, const Serving& serving,
                                 const std::map<std::string, std::string>& last_active, bool allow_downtime,
                                 const Pulled& pulled) {
   std::vector<repo::RepoFile> missing;
@@ -326,7 +328,7 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
   p.bytes_local = p.bytes_total - p.bytes_to_fetch;
   p.bytes_partial = missing.empty() ? 0 : s.store.partial_bytes(model.name, p.commit);
   p.bytes_needed = p.bytes_to_fetch > p.bytes_partial ? p.bytes_to_fetch - p.bytes_partial : 0;
-  auto plan = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, allow_downtime, pulled);
+  auto plan = plan_freeing_disk(s, p.bytes_needed, model.name, serving, last_active, allow_downtime, pulled);
   if (!plan) return plan.error();
   p.bytes_free = plan->bytes_free;
   p.fits = plan->fits;
@@ -336,15 +338,15 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
     e.name = c.name;
     e.bytes = c.size_bytes;
     if (auto la = last_active.find(c.name); la != last_active.end()) e.last_active = la->second;
-    e.active = active && *active == c.name;
+    e.active = serving.models.contains(c.name);
     if (e.active) p.rollback_possible = false;
     evicted += c.size_bytes;
     p.evictions.push_back(std::move(e));
   }
   if (model.serve.warm == "off") p.warming = "off";
   else if (!p.rollback_possible) p.warming = "in_outage";
-  if (!p.fits && !allow_downtime && active) {
-    auto with_active = plan_freeing_disk(s, p.bytes_needed, model.name, active, last_active, true, pulled);
+  if (!p.fits && !allow_downtime && !serving.stopped.empty()) {
+    auto with_active = plan_freeing_disk(s, p.bytes_needed, model.name, serving, last_active, true, pulled);
     p.fits_with_allow_downtime = with_active && with_active->fits;
   }
   if (!p.fits) {
@@ -358,7 +360,8 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
 }  // namespace
 
 boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
-                                                        bool allow_downtime, const std::optional<std::string>& active,
+                                                        bool allow_downtime, const Serving& serving,
+                                                        const std::optional<std::string>& active,
                                                         const std::map<std::string, std::string>& last_active,
                                                         const Pulled& pulled) {
   auto listed = co_await list_planned_files(s, model, model.revision);
@@ -370,6 +373,7 @@ boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const confi
   p.commit = listed->commit;
   p.allow_downtime = allow_downtime;
   p.active_model = active;
+  p.stops.assign(serving.stopped.begin(), serving.stopped.end());
   p.disk_reserve = s.config->daemon.disk_reserve;
   p.files_total = listed->files.size();
   p.bytes_total = util::total_size(listed->files);
@@ -378,7 +382,7 @@ boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const confi
   // own disk work would be, and with the same functions, minus every change. The job captures
   // by reference only (GCC 12 mis-copies class objects captured by value in a coroutine).
   co_return co_await util::on_pool<Result<PlanReport>>(
-      s.disk_pool, [&] { return plan_on_disk(s, model, *listed, p, active, last_active, allow_downtime, pulled); });
+      s.disk_pool, [&] { return plan_on_disk(s, model, *listed, p, serving, last_active, allow_downtime, pulled); });
 }
 
 }  // namespace modeld::deploy

@@ -4,6 +4,8 @@
 
 #include "deploy/started.hpp"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <map>
 #include <optional>
 #include <string>
@@ -19,6 +21,14 @@ struct ActiveRecord {
   /// What its service was started with; nullopt in a state.json written before it was kept.
   std::optional<StartedSettings> started = {};
 };
+
+/// The JSON form of `a` in state.json and in deployment records: {"model", "commit", "since",
+/// "started"?}.
+nlohmann::json to_json(const ActiveRecord& a);
+
+/// Reads what to_json wrote; throws nlohmann::json::exception when a field is missing or of the
+/// wrong type (the callers name the file); "started" that does not parse is left out.
+ActiveRecord active_record_from_json(const nlohmann::json& j);
 
 /// Revisions pulled ahead and not deployed or removed since: model -> commits.
 using Pulled = std::map<std::string, std::vector<std::string>>;

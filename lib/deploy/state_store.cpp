@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <system_error>
 #include <tuple>
+#include <utility>
 
 namespace modeld::deploy {
 
@@ -34,6 +35,24 @@ void sort_oldest_first(std::vector<fs::path>& files) {
 
 }  // namespace
 
+const ActiveRecord* InService::find(const std::string& model) const {
+  auto it = std::find_if(services.begin(), services.end(), [&](const ActiveRecord& a) { return a.model == model; });
+  return it == services.end() ? nullptr : &*it;
+}
+
+ActiveRecord* InService::find(const std::string& model) {
+  return const_cast<ActiveRecord*>(std::as_const(*this).find(model));
+}
+
+void InService::put(ActiveRecord r) {
+  erase(r.model);
+  services.push_back(std::move(r));
+}
+
+bool InService::erase(const std::string& model) {
+  return std::erase_if(services, [&](const ActiveRecord& a) { return a.model == model; }) > 0;
+}
+
 StateStore::StateStore(fs::path state_dir) : dir_(std::move(state_dir)) {}
 
 Result<void> StateStore::init() {
@@ -56,19 +75,11 @@ Result<DaemonState> StateStore::load() const {
   try {
     auto j = nlohmann::json::parse(*text);
     DaemonState s;
-    auto record = [](const nlohmann::json& a) {
-      ActiveRecord r{a.at("model").get<std::string>(), a.at("commit").get<std::string>(),
-                     a.at("since").get<std::string>()};
-      // "started" since the settings are kept; a service recorded before has none.
-      if (a.contains("started") && a["started"].is_object())
-        if (auto st = started_settings_from_json(a["started"])) r.started = std::move(*st);
-      return r;
-    };
     // "services" since the list; a file from before it has only "active".
     if (j.contains("services"))
-      for (const auto& a : j.at("services")) s.active.services.push_back(record(a));
+      for (const auto& a : j.at("services")) s.active.services.push_back(active_record_from_json(a));
     else if (j.contains("active") && !j["active"].is_null())
-      s.active = record(j["active"]);
+      s.active.put(active_record_from_json(j["active"]));
     if (j.contains("last_active"))
       s.last_active = j["last_active"].get<std::map<std::string, std::string>>();
     if (j.contains("pulled")) s.pulled = j["pulled"].get<Pulled>();
@@ -79,16 +90,12 @@ Result<DaemonState> StateStore::load() const {
 }
 
 Result<void> StateStore::save(const DaemonState& s) {
-  auto record = [](const ActiveRecord& a) {
-    nlohmann::json j{{"model", a.model}, {"commit", a.commit}, {"since", a.since}};
-    if (a.started) j["started"] = to_json(*a.started);
-    return j;
-  };
   nlohmann::json j;
   j["services"] = nlohmann::json::array();
-  for (const auto& a : s.active.services) j["services"].push_back(record(a));
-  // The first service also as "active", the form a modeld from before the list reads.
-  j["active"] = s.active ? record(*s.active) : nlohmann::json(nullptr);
+  for (const auto& a : s.active.services) j["services"].push_back(to_json(a));
+  // The service put into service last also as "active", the form a modeld from before the list reads.
+  const auto* last = s.active.last();
+  j["active"] = last ? to_json(*last) : nlohmann::json(nullptr);
   j["last_active"] = s.last_active;
   j["pulled"] = s.pulled;
   return util::write_file_atomically(dir_ / "state.json", util::dump_json(j, 2) + "\n", 0600);

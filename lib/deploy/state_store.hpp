@@ -17,30 +17,28 @@
 
 namespace modeld::deploy {
 
-/// The services in service, held as a list (one at most for now; more once several models
-/// serve side by side). Reads as an optional ActiveRecord where the code means "the active model".
+/// The services in service, in the order they were put into service (several models serve side
+/// by side when their GPU sets and ports do not conflict: placement.hpp).
 class InService {
  public:
   std::vector<ActiveRecord> services;  ///< in the order they were put into service
 
   /// Whether any model serves.
   explicit operator bool() const noexcept { return !services.empty(); }
-  /// The (first) model in service; only when one serves.
-  const ActiveRecord* operator->() const { return &services.front(); }
-  /// The (first) model in service; only when one serves.
-  const ActiveRecord& operator*() const { return services.front(); }
-  /// Nothing serves any more.
-  void reset() noexcept { services.clear(); }
-  /// `r` is now the one model in service.
-  InService& operator=(ActiveRecord r) {
-    services.assign(1, std::move(r));
-    return *this;
-  }
+  /// The service of `model`, or nullptr.
+  const ActiveRecord* find(const std::string& model) const;
+  ActiveRecord* find(const std::string& model);
+  /// The service put into service last (the API's "active"), or nullptr when none serves.
+  const ActiveRecord* last() const { return services.empty() ? nullptr : &services.back(); }
+  /// `r` is in service now, after every other: an earlier record of its model goes.
+  void put(ActiveRecord r);
+  /// `model` is no longer in service; returns whether it was.
+  bool erase(const std::string& model);
 };
 
 /// What state.json holds.
 struct DaemonState {
-  InService active;  ///< the models in service ("services" in state.json, plus "active" for older readers)
+  InService active;  ///< the services in service ("services" in state.json, plus "active", the last, for older readers)
   std::map<std::string, std::string> last_active;  ///< model -> RFC 3339 of when it last served
   /// model -> commits pulled ahead (`modelctl pull`) and not deployed or removed since: spared
   /// from eviction and from the cleanup of older revisions ("pulled" in state.json).

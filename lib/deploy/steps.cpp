@@ -23,6 +23,8 @@ std::string_view to_string(Step s) noexcept {
 }
 
 std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first) {
+  // A stop takes a model out of service: its one step stops the service and waits until nothing is left.
+  if (kind == Kind::stop) return {{Step::stopping_old, true}};
   // A pull stages a revision ahead: it never stops, starts or probes a service.
   if (kind == Kind::pull)
     return {{Step::planning, false}, {Step::freeing_disk, false}, {Step::downloading, false}, {Step::verifying, false}};

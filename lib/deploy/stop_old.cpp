@@ -32,15 +32,37 @@ std::chrono::milliseconds stop_wait(std::chrono::milliseconds stop_timeout) {
 
 namespace {
 
-// What is still there of a stopped service; empty() when nothing is.
+// One service stopping_old stops: its unit, how long it may take to stop, the port it serves on.
+struct OldService {
+  std::string model;
+  std::string unit;
+  std::chrono::milliseconds stop_timeout{std::chrono::minutes(5)};
+  std::uint16_t port = 0;
+};
+
+// The services of the run's record to stop, with their stop_timeout from the configuration the
+// run started with and the port each was started on.
+std::vector<OldService> old_services(const Services& s, const Run& run) {
+  std::vector<OldService> out;
+  for (const auto& a : run.record.previous) {
+    const auto* cfg = s.config->find_model(a.model);
+    OldService o{a.model, units::serve_unit(a.model)};
+    if (cfg) o.stop_timeout = cfg->serve.stop_timeout;
+    o.port = placement_of(a, cfg).port;
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+// What is still there of stopped services; empty() when nothing is.
 struct Leftovers {
-  std::vector<ProcessRef> in_cgroup;
+  std::vector<std::pair<std::string, std::vector<ProcessRef>>> in_cgroup;  ///< unit -> its processes
   std::vector<std::pair<std::uint16_t, PortUse>> ports;
   bool empty() const { return in_cgroup.empty() && ports.empty(); }
-  std::string describe(const std::string& unit) const {
+  std::string describe() const {
     std::vector<std::string> parts;
-    if (!in_cgroup.empty())
-      parts.push_back(fmt::format("{} still in the control group of {}", describe_processes(in_cgroup), unit));
+    for (const auto& [unit, procs] : in_cgroup)
+      parts.push_back(fmt::format("{} still in the control group of {}", describe_processes(procs), unit));
     for (const auto& [port, use] : ports)
       parts.push_back(fmt::format("port {} still listened on by {}", port,
                                   use.holders.empty() ? "a process modeld cannot see" : describe_processes(use.holders)));
@@ -71,16 +93,23 @@ std::optional<PortUse> other_listeners(std::uint16_t port, const std::set<std::u
   return use;
 }
 
-// What is left of the stopped `unit`: processes in its control group, and listeners of `ports`
-// other than the new model's own service (running already when a restarted daemon continues).
-asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::string& unit, const std::string& new_unit,
-                                                  const std::set<std::uint16_t>& ports) {
+// What is left of the stopped services `olds`: processes in their control groups, and listeners
+// of `ports` other than the new model's own service (running already when a restarted daemon
+// continues).
+asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::vector<OldService>& olds,
+                                                  const std::string& new_unit, const std::set<std::uint16_t>& ports) {
   Leftovers out;
-  auto pids = co_await pids_of(s, unit);
-  if (!pids) co_return pids.error();
-  for (auto pid : *pids) out.in_cgroup.push_back({pid, process_name(pid)});
+  bool new_is_old = false;
+  for (const auto& o : olds) {
+    new_is_old = new_is_old || o.unit == new_unit;
+    auto pids = co_await pids_of(s, o.unit);
+    if (!pids) co_return pids.error();
+    std::vector<ProcessRef> procs;
+    for (auto pid : *pids) procs.push_back({pid, process_name(pid)});
+    if (!procs.empty()) out.in_cgroup.emplace_back(o.unit, std::move(procs));
+  }
   std::set<std::uint32_t> ours;
-  if (new_unit != unit) {
+  if (!new_is_old) {
     auto n = co_await pids_of(s, new_unit);
     if (!n) co_return n.error();
     ours = std::move(*n);
@@ -90,20 +119,19 @@ asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::string
   co_return out;
 }
 
-// The new model's port held by a process that is neither the old model's service nor the new
-// model's own: stopping the old model would not free it, so the host would lose its model for
-// nothing.
-asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, const Run& run, const std::string& old_unit,
-                                                         std::uint16_t old_port) {
+// The new model's port held by a process that is neither a service being stopped nor the new
+// model's own: stopping them would not free it, so the host would lose those models for nothing.
+asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, const Run& run,
+                                                         const std::vector<OldService>& olds) {
   const auto port = run.model.serve.port;
   auto ours = co_await pids_of(s, units::serve_unit(run.model.name));
   if (!ours) co_return ours.error();
-  // A holder modeld cannot see may be the new model's own service, or the old one serving there.
+  // A holder modeld cannot see may be the new model's own service, or an old one serving there.
   bool may_be_ours = !ours->empty();
-  if (!old_unit.empty()) {
-    auto old = co_await pids_of(s, old_unit);
+  for (const auto& o : olds) {
+    auto old = co_await pids_of(s, o.unit);
     if (!old) co_return old.error();
-    may_be_ours = may_be_ours || (!old->empty() && old_port == port);
+    may_be_ours = may_be_ours || (!old->empty() && o.port == port);
     ours->insert(old->begin(), old->end());
   }
   const auto others = other_listeners(port, *ours, may_be_ours);
@@ -113,89 +141,118 @@ asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, const Run&
       fmt::format("port {} that model {} is to serve on is held by {}, which is not a model service of modeld: {}",
                   port, run.model.name,
                   others->holders.empty() ? "a process modeld cannot see" : describe_processes(others->holders),
-                  old_unit.empty() ? "stop it or change serve.port" : "not stopping the model that serves"));
+                  olds.empty() ? "stop it or change serve.port" : "not stopping the model that serves"));
 }
 
-// Polls until nothing of the stopped `unit` is left (control group, `ports`), noting what is
+// Polls until nothing of the stopped services is left (control groups, `ports`), noting what is
 // left every 10 s; stop_timeout at `deadline`, cancelled on cancel.
-asio::awaitable<Result<void>> wait_nothing_left(Services& s, const Run& run, const std::string& unit,
+asio::awaitable<Result<void>> wait_nothing_left(Services& s, const Run& run, const std::vector<OldService>& olds,
                                                 const std::set<std::uint16_t>& ports,
                                                 std::chrono::steady_clock::time_point t0,
                                                 std::chrono::steady_clock::time_point deadline) {
   auto last_note = std::chrono::steady_clock::now();
-  Result<Leftovers> left = make_error(Errc::internal, unit + ": not looked at");
+  Result<Leftovers> left = make_error(Errc::internal, "not looked at");
   auto end = co_await util::poll_until(deadline, std::chrono::milliseconds(200), [&]() -> asio::awaitable<bool> {
-    left = co_await find_leftovers(s, unit, units::serve_unit(run.model.name), ports);
+    left = co_await find_leftovers(s, olds, units::serve_unit(run.model.name), ports);
     if (!left || left->empty()) co_return true;
     if (const auto now = std::chrono::steady_clock::now(); now - last_note >= std::chrono::seconds(10)) {
-      sys::logf(sys::Level::notice, run.fields(), "waiting for what {} left: {}", unit, left->describe(unit));
+      sys::logf(sys::Level::notice, run.fields(), "waiting for what the stopped services left: {}", left->describe());
       last_note = now;
     }
     co_return false;
   });
-  if (end == util::PollEnd::cancelled)
-    co_return make_error(Errc::cancelled, fmt::format("{}: cancelled while waiting for it to stop", unit));
+  if (end == util::PollEnd::cancelled) co_return make_error(Errc::cancelled, "cancelled while waiting for the stop");
   if (!left) co_return left.error();
   if (end == util::PollEnd::deadline)
     co_return make_error(Errc::stop_timeout,
-                         fmt::format("{} is stopped but {} after {}: not starting model {} on top of it", unit,
-                                     left->describe(unit),
+                         fmt::format("{} stopped but {} after {}: not starting model {} on top of it",
+                                     olds.size() == 1 ? olds.front().unit + " is" : std::string("the services are"),
+                                     left->describe(),
                                      util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(
                                          std::chrono::steady_clock::now() - t0)),
                                      run.model.name));
   co_return Result<void>{};
 }
 
+// StopUnit of every service in `olds` that is not stopped already, then the wait until each
+// unit is inactive (they stop side by side).
+asio::awaitable<Result<void>> stop_units(Services& s, const Run& run, const std::vector<OldService>& olds) {
+  std::vector<const OldService*> asked;
+  for (const auto& o : olds) {
+    auto st = co_await s.units.status(o.unit);
+    if (st && units::is_stopped(st->active_state)) {
+      sys::logf(sys::Level::info, run.fields(), "nothing to stop: {} is already {}", o.unit,
+                units::to_string(st->active_state));
+      continue;
+    }
+    sys::logf(sys::Level::info, run.fields(), "stopping {} (model {}), waiting up to {}", o.unit, o.model,
+              util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(o.stop_timeout)));
+    if (auto r = co_await s.units.stop(o.unit); !r) co_return r.error();
+    asked.push_back(&o);
+  }
+  for (const auto* o : asked)
+    if (auto r = co_await units::wait_inactive(s.units, o->unit, stop_wait(o->stop_timeout)); !r) co_return r.error();
+  co_return Result<void>{};
+}
+
+// The GPU sets of the services that keep serving: their GPUs are neither waited for nor re-measured.
+std::vector<config::GpuSet> busy_gpus(const Run& run) {
+  std::vector<config::GpuSet> out;
+  for (const auto& p : run.staying) out.push_back(p.gpu_ids);
+  return out;
+}
+
+// Nothing is to be stopped: the port checked, the baseline measured on the GPUs no service uses.
+asio::awaitable<Result<Stopped>> nothing_to_stop(Services& s, const Run& run) {
+  if (auto r = co_await refuse_foreign_port_holder(s, run, {}); !r) co_return r.error();
+  sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model in service conflicts with {}", run.model.name);
+  const config::GpuSet none = std::vector<unsigned>{};
+  if (auto r = co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false, none, busy_gpus(run)); !r)
+    co_return r.error();
+  co_return Stopped{};
+}
+
 }  // namespace
 
 boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run& run, Decisions& decisions) {
-  // What can fail on the new revision's files fails here, while the old model still serves
-  // (with downtime_first nothing is downloaded yet, and the old model is to go anyway).
-  if (!run.record.downtime_first) {
-    const auto refusing = run.previous ? fmt::format("not stopping {}", run.previous->model) : std::string("not launching");
+  const bool take_out = run.record.kind == Kind::stop;
+  const auto olds = old_services(s, run);
+  // What can fail on the new revision's files fails here, while the old models still serve
+  // (with downtime_first nothing is downloaded yet, and the old models are to go anyway).
+  if (!run.record.downtime_first && !take_out) {
+    const auto refusing =
+        olds.empty() ? std::string("not launching") : fmt::format("not stopping {}", olds.front().model);
     if (auto r = co_await check_still_verified(s, run, refusing); !r) co_return r.error();
   }
-  if (!run.previous) {
-    if (auto r = co_await refuse_foreign_port_holder(s, run, "", 0); !r) co_return r.error();
-    sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model is active");
-    if (auto r = co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false); !r) co_return r.error();
-    co_return Stopped{};
-  }
-  const auto unit = units::serve_unit(run.previous->model);
-  const auto* old_cfg = s.config->find_model(run.previous->model);
-  const auto timeout = old_cfg ? old_cfg->serve.stop_timeout : std::chrono::milliseconds(std::chrono::minutes(5));
-  const std::uint16_t old_port = old_cfg ? old_cfg->serve.port : 0;
-  if (auto r = co_await refuse_foreign_port_holder(s, run, unit, old_port); !r) co_return r.error();
-  // From the moment StopUnit may be sent, the old model may be down: any failure or cancel from
-  // here on must bring it back, so this is recorded durably before the stop.
+  if (olds.empty()) co_return co_await nothing_to_stop(s, run);
+  if (!take_out)
+    if (auto r = co_await refuse_foreign_port_holder(s, run, olds); !r) co_return r.error();
+  // From the moment StopUnit may be sent, the old models may be down: any failure or cancel from
+  // here on must bring them back, so this is recorded durably before the stop.
   co_await decisions.stopping_old();
   test_hooks::crash_point("old_stopped_recorded");
 
   std::set<std::uint16_t> ports{run.model.serve.port};
-  if (old_port) ports.insert(old_port);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto st = co_await s.units.status(unit);
-  if (st && units::is_stopped(st->active_state)) {
-    sys::logf(sys::Level::info, run.fields(), "nothing to stop: {} is already {}", unit,
-              units::to_string(st->active_state));
-  } else {
-    sys::logf(sys::Level::info, run.fields(), "stopping {} (model {}), waiting up to {}", unit, run.previous->model,
-              util::format_duration(std::chrono::duration_cast<std::chrono::seconds>(timeout)));
-    if (auto r = co_await s.units.stop(unit); !r) co_return r.error();
-    if (auto r = co_await units::wait_inactive(s.units, unit, stop_wait(timeout)); !r) co_return r.error();
+  auto longest = olds.front().stop_timeout;
+  for (const auto& o : olds) {
+    if (o.port) ports.insert(o.port);
+    longest = std::max(longest, o.stop_timeout);
   }
-
-  // systemd calls the unit inactive once its main process and control group are gone, but a
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto r = co_await stop_units(s, run, olds); !r) co_return r.error();
+  // systemd calls a unit inactive once its main process and control group are gone, but a
   // process that left the cgroup, or a port released late, must not meet the new server.
-  const auto deadline = t0 + stop_wait(timeout);
-  if (auto r = co_await wait_nothing_left(s, run, unit, ports, t0, deadline); !r) co_return r.error();
+  const auto deadline = t0 + stop_wait(longest);
+  if (auto r = co_await wait_nothing_left(s, run, olds, ports, t0, deadline); !r) co_return r.error();
   const Stopped stopped{wall_clock_ns()};
-  sys::logf(sys::Level::info, run.fields(), "{} stopped: its control group is empty and port{} {} free", unit,
-            ports.size() > 1 ? "s" : "", fmt::join(ports, ", "));
+  std::vector<std::string> names;
+  for (const auto& o : olds) names.push_back(o.unit);
+  sys::logf(sys::Level::info, run.fields(), "{} stopped: control group{} empty and port{} {} free", fmt::join(names, ", "),
+            names.size() > 1 ? "s" : "", ports.size() > 1 ? "s" : "", fmt::join(ports, ", "));
   // A daemon restarted during launching or health_checking finds the new server running: its GPU
   // memory is not the old one's, and no baseline can be measured under it.
   const auto new_unit = units::serve_unit(run.model.name);
-  if (new_unit != unit) {
+  if (!take_out && std::none_of(olds.begin(), olds.end(), [&](const OldService& o) { return o.unit == new_unit; })) {
     auto running = co_await pids_of(s, new_unit);
     if (!running) co_return running.error();
     if (!running->empty()) {
@@ -204,8 +261,12 @@ boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run&
       co_return stopped;
     }
   }
-  // Workers that outlive their parent keep GPU memory until they exit (gpu-facts.md).
-  if (auto r = co_await wait_gpu_memory_back(s, run, deadline, true); !r) co_return r.error();
+  // Workers that outlive their parent keep GPU memory until they exit (gpu-facts.md): only the
+  // GPUs of the stopped services are waited for; those of services still serving never delay it.
+  std::vector<Placement> freed;
+  for (const auto& a : run.record.previous) freed.push_back(placement_of(a, s.config->find_model(a.model)));
+  if (auto r = co_await wait_gpu_memory_back(s, run, deadline, true, gpus_of(freed), busy_gpus(run)); !r)
+    co_return r.error();
   co_return stopped;
 }
 

@@ -226,7 +226,7 @@ struct Fixture {
   void record_active(const std::string& name, const std::string& commit,
                      const std::optional<deploy::StartedSettings>& started = {}) {
     deploy::DaemonState st;
-    st.active = deploy::ActiveRecord{name, commit, "2026-01-01T00:00:00Z", started};
+    st.active.put(deploy::ActiveRecord{name, commit, "2026-01-01T00:00:00Z", started});
     st.last_active[name] = "2026-01-01T00:00:00Z";
     REQUIRE(states.save(st).has_value());
   }
@@ -337,8 +337,7 @@ struct Fixture {
     d.id = kRecordId;
     d.model = "new";
     d.started_at = "2026-01-01T00:00:00Z";
-    d.previous_model = "old";
-    d.previous_commit = kOld;
+    d.previous = {deploy::ActiveRecord{"old", kOld, ""}};
     d.phase = p;
     d.state = State::running;
     if (p != Phase::planning) d.commit = kNew;
@@ -378,7 +377,7 @@ void check_new_serves(Fixture& fx, const deploy::Deployment& d, bool old_was_sto
   auto st = fx.states.load();
   REQUIRE(st);
   REQUIRE(st->active);
-  CHECK(st->active->model == "new");
+  CHECK(st->active.last()->model == "new");
   auto hist = fx.states.load_history(10);
   REQUIRE_FALSE(hist.empty());
   CHECK(hist.front().id == d.id);
@@ -574,7 +573,8 @@ TEST_CASE("without allow_downtime the phases run in order, stopping the old mode
   fx.boot();
   auto d = fx.deploy("new");
   CHECK(d.phase == Phase::planning);
-  CHECK(d.previous_model == std::optional<std::string>("old"));
+  REQUIRE(d.previous.size() == 1);
+  CHECK(d.previous.front().model == "old");
   auto end = fx.wait_end(d.id);
   CHECK(phase_list(fx.phases()) == phase_list(kOrder));
   CHECK_FALSE(end.downtime_first);
@@ -1091,7 +1091,7 @@ std::optional<deploy::StartedSettings> recorded_started(Fixture& fx) {
   auto st = fx.states.load();
   REQUIRE(st);
   REQUIRE(st->active);
-  return st->active->started;
+  return st->active.last()->started;
 }
 
 }  // namespace
@@ -1194,7 +1194,8 @@ TEST_CASE("rolling back starts the old service with the settings it ran with, no
   fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
   auto end = fx.wait_end(fx.deploy("new").id);
   check_old_restored(fx, end);
-  CHECK(end.previous_started == started);
+  REQUIRE(end.previous.size() == 1);
+  CHECK(end.previous.front().started == started);
   CHECK(fx.units.dropins[kOldUnit].find("Environment=\"OLD_ONLY=1\"") != std::string::npos);
   CHECK(recorded_started(fx) == started);
 }
@@ -1221,7 +1222,7 @@ TEST_CASE("a watchdog restart while a deployment downloads is what that deployme
   fx.units.states[kOldUnit] = "failed";
   REQUIRE(fx.run_until([&] {
     auto d = fx.deployer->get(id);
-    return d && d->previous_started == fx.started_now("old");
+    return d && d->previous.size() == 1 && d->previous.front().started == fx.started_now("old");
   }));
   fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
   fx.file_gate.release();
@@ -1401,7 +1402,7 @@ TEST_CASE("freeing_disk never evicts a model holding a pulled revision") {
   deploy::Pulled pulled{{"spare", {kSpare}}};
   config::Config cfg;
   std::vector<store::StoredModel> stored{{"spare", std::nullopt, {kSpare}, 10}, {"other", std::nullopt, {kOld}, 20}};
-  auto c = deploy::eviction_candidates(stored, cfg, "new", std::nullopt, {}, false, pulled);
+  auto c = deploy::eviction_candidates(stored, cfg, "new", deploy::Serving{}, {}, false, pulled);
   REQUIRE(c.size() == 1);
   CHECK(c[0].name == "other");
 }
@@ -1445,4 +1446,114 @@ TEST_CASE("a pull interrupted by a restart continues from planning and ends as a
   CHECK(service_calls(fx.units).empty());
   check_old_untouched(fx);
   CHECK(fx.states.load()->pulled == deploy::Pulled{{"new", {kNew}}});
+}
+
+// ---- several models on one host ----
+
+namespace {
+
+const std::string kSpareUnit = "modeld-serve@spare.service";
+
+// "old" (every GPU) and "spare" (no GPU, a port of its own) both serve, "spare" put into service
+// last; "new" takes every GPU too, so it conflicts with "old" and not with "spare".
+void serve_old_and_spare(Fixture& fx) {
+  fx.cfg->models["spare"].serve.gpu_ids = std::vector<unsigned>{};
+  REQUIRE(fx.store.switch_link("spare", kSpare).has_value());
+  deploy::DaemonState st;
+  st.active.put(deploy::ActiveRecord{"old", kOld, "2026-01-01T00:00:00Z", fx.started_now("old")});
+  st.active.put(deploy::ActiveRecord{"spare", kSpare, "2026-01-01T01:00:00Z", fx.started_now("spare")});
+  REQUIRE(fx.states.save(st).has_value());
+  fx.units.states[kSpareUnit] = "active";
+}
+
+std::vector<std::string> serving_models(Fixture& fx) {
+  std::vector<std::string> out;
+  for (const auto& s : fx.deployer->services()) out.push_back(s.model);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a deploy stops only the services in conflict with its model; the others keep serving") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  fx.boot();
+  CHECK(serving_models(fx) == std::vector<std::string>{"old", "spare"});
+  auto d = fx.deploy("new");
+  REQUIRE(d.previous.size() == 1);
+  CHECK(d.previous.front().model == "old");
+  auto end = fx.wait_end(d.id);
+  CHECK(end.state == State::succeeded);
+  CHECK(fx.position("stop " + kOldUnit) >= 0);
+  CHECK(fx.position("stop " + kSpareUnit) == -1);
+  CHECK(fx.units.state_of(kSpareUnit) == "active");
+  CHECK(serving_models(fx) == std::vector<std::string>{"spare", "new"});
+  CHECK(fx.deployer->active()->model == "new");
+  auto st = fx.states.load();
+  REQUIRE(st.has_value());
+  REQUIRE(st->active.services.size() == 2);
+  CHECK(st->active.services[0].model == "spare");
+}
+
+TEST_CASE("a failed deploy brings back what it stopped and never touches a service it did not conflict with") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  fx.boot();
+  fx.not_ready["new"] = make_error(Errc::health_failed, "GET /health answered 503");
+  auto end = fx.wait_end(fx.deploy("new").id);
+  CHECK(end.state == State::rolled_back);
+  CHECK(end.error->message == "GET /health answered 503; rolled back: old serves again");
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.position("stop " + kSpareUnit) == -1);
+  CHECK(serving_models(fx) == std::vector<std::string>{"old", "spare"});
+}
+
+TEST_CASE("a stop takes one model out of service, its files kept, and a restart does not start it again") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  fx.boot();
+  auto d = fx.deployer->stop("spare");
+  REQUIRE(d.has_value());
+  CHECK(d->kind == deploy::Kind::stop);
+  auto end = fx.wait_end(d->id);
+  CHECK(end.state == State::succeeded);
+  CHECK(fx.units.state_of(kSpareUnit) == "inactive");
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(serving_models(fx) == std::vector<std::string>{"old"});
+  CHECK(fx.store.linked_commit("spare") == kSpare);
+  auto again = fx.deployer->stop("spare");
+  REQUIRE(again.has_value());
+  CHECK(again->state == State::succeeded);
+  CHECK_FALSE(again->changed);
+  // The next daemon start brings back exactly what was in service.
+  bool done = false;
+  fx.deployer->shutdown([&] { done = true; });
+  REQUIRE(fx.run_until([&] { return done; }));
+  fx.deployer.reset();
+  fx.units.states[kOldUnit] = "inactive";
+  fx.boot();
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.units.state_of(kSpareUnit) == "inactive");
+  CHECK(serving_models(fx) == std::vector<std::string>{"old"});
+}
+
+TEST_CASE("rm refuses every model in service, not only the active one") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  fx.boot();
+  auto r = fx.run(fx.deployer->remove("old"));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::model_active);
+}
+
+TEST_CASE("at boot, of two services that the configuration now makes conflict, the later one starts") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  fx.units.states[kOldUnit] = "inactive";
+  fx.units.states[kSpareUnit] = "inactive";
+  fx.cfg->models["spare"].serve.gpu_ids.reset();  // now on every GPU, as "old" is
+  fx.boot();
+  CHECK(fx.units.state_of(kSpareUnit) == "active");
+  CHECK(fx.units.state_of(kOldUnit) == "inactive");
+  CHECK(serving_models(fx) == std::vector<std::string>{"spare"});
 }

@@ -48,8 +48,7 @@ TEST_CASE("a deployment written with its bookkeeping reads back the same") {
   d.error = Error{Errc::readiness_timeout, "not ready"};
   d.started_at = "2026-11-29T19:39:42Z";
   d.finished_at = "2026-11-29T19:40:42Z";
-  d.previous_model = "old";
-  d.previous_commit = std::string(40, 'b');
+  d.previous = {ActiveRecord{"old", std::string(40, 'b'), "2026-11-29T19:00:00Z"}};
   d.old_stopped = true;
   auto back = deployment_from_json(to_json(d, true));
   REQUIRE(back.has_value());
@@ -58,8 +57,36 @@ TEST_CASE("a deployment written with its bookkeeping reads back the same") {
   CHECK(back->state == State::rolled_back);
   CHECK(back->progress.eta_s == 3.5);
   CHECK(back->error->code == Errc::readiness_timeout);
-  CHECK(back->previous_model == "old");
+  REQUIRE(back->previous.size() == 1);
+  CHECK(back->previous.front().model == "old");
+  CHECK(back->previous.front().commit == std::string(40, 'b'));
   CHECK(back->old_stopped);
+}
+
+TEST_CASE("a record keeps every service it stops, in order, and reads the one of a record written before the list") {
+  Deployment d;
+  d.id = "x";
+  d.model = "d";
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.previous = {ActiveRecord{"a", std::string(40, 'a'), "s1"}, ActiveRecord{"b", std::string(40, 'b'), "s2"}};
+  auto back = deployment_from_json(to_json(d, true));
+  REQUIRE(back.has_value());
+  REQUIRE(back->previous.size() == 2);
+  CHECK(back->previous[0].model == "a");
+  CHECK(back->previous[1].model == "b");
+  CHECK(back->previous[1].since == "s2");
+  auto older = to_json(d, true);
+  older.erase("previous");
+  older["previous_model"] = "old";
+  older["previous_commit"] = std::string(40, 'c');
+  older["previous_started"] = to_json(StartedSettings{{"srv"}, {}, "/m/old", 0});
+  auto read = deployment_from_json(older);
+  REQUIRE(read.has_value());
+  REQUIRE(read->previous.size() == 1);
+  CHECK(read->previous.front().model == "old");
+  CHECK(read->previous.front().commit == std::string(40, 'c'));
+  REQUIRE(read->previous.front().started);
+  CHECK(read->previous.front().started->working_directory == "/m/old");
 }
 
 TEST_CASE("a malformed deployment record is refused with a message") {
@@ -214,14 +241,15 @@ TEST_CASE("a record keeps whether a restart was asked for and the previous servi
   d.model = "m";
   d.started_at = "2026-11-29T19:39:42Z";
   d.restart = true;
-  d.previous_started = StartedSettings{{"srv"}, {{"A", "1"}}, "/m/m", 0};
+  d.previous = {ActiveRecord{"old", std::string(40, 'b'), "", StartedSettings{{"srv"}, {{"A", "1"}}, "/m/m", 0}}};
   auto back = deployment_from_json(to_json(d, true));
   REQUIRE(back.has_value());
   CHECK(back->restart);
-  REQUIRE(back->previous_started);
-  CHECK(*back->previous_started == *d.previous_started);
+  REQUIRE(back->previous.size() == 1);
+  REQUIRE(back->previous.front().started);
+  CHECK(*back->previous.front().started == *d.previous.front().started);
   const auto shown = to_json(d);
-  CHECK_FALSE(shown.contains("previous_started"));
+  CHECK_FALSE(shown.contains("previous"));
   CHECK_FALSE(shown.contains("restart"));
   Deployment plain;
   plain.id = "y";
@@ -229,9 +257,9 @@ TEST_CASE("a record keeps whether a restart was asked for and the previous servi
   plain.started_at = d.started_at;
   auto older = to_json(plain, true);
   older.erase("restart");
-  older.erase("previous_started");
+  older.erase("previous");
   auto read = deployment_from_json(older);
   REQUIRE(read.has_value());
   CHECK_FALSE(read->restart);
-  CHECK_FALSE(read->previous_started);
+  CHECK(read->previous.empty());
 }

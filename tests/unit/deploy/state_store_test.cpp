@@ -48,13 +48,13 @@ TEST_CASE("the active model survives a save and a load") {
   StateStore s(t.path);
   REQUIRE(s.init().has_value());
   DaemonState st;
-  st.active = ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z"};
+  st.active.put(ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z"});
   st.last_active["old"] = "2026-11-28T10:00:00Z";
   REQUIRE(s.save(st).has_value());
   auto back = StateStore(t.path).load();
   REQUIRE(back.has_value());
   REQUIRE(back->active);
-  CHECK(back->active->model == "kimi");
+  CHECK(back->active.last()->model == "kimi");
   CHECK(back->last_active.at("old") == "2026-11-28T10:00:00Z");
 }
 
@@ -130,7 +130,7 @@ TEST_CASE("state.json lists the services in service and keeps the form an older 
   StateStore s(t.path);
   REQUIRE(s.init().has_value());
   DaemonState st;
-  st.active = ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z"};
+  st.active.put(ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z"});
   REQUIRE(s.save(st).has_value());
   std::ifstream in(t.path / "state.json");
   auto j = nlohmann::json::parse(in);
@@ -149,8 +149,8 @@ TEST_CASE("a state.json written before the list of services loads its active mod
   auto st = s.load();
   REQUIRE(st.has_value());
   REQUIRE(st->active.services.size() == 1);
-  CHECK(st->active->model == "old");
-  CHECK(st->active->commit == "abc");
+  CHECK(st->active.last()->model == "old");
+  CHECK(st->active.last()->commit == "abc");
 }
 
 TEST_CASE("state.json keeps the settings each service was started with, and one written before them loads without") {
@@ -162,17 +162,17 @@ TEST_CASE("state.json keeps the settings each service was started with, and one 
   auto st = s.load();
   REQUIRE(st.has_value());
   REQUIRE(st->active);
-  CHECK_FALSE(st->active->started);
+  CHECK_FALSE(st->active.last()->started);
 
   StartedSettings started{{"srv", "--port", "8000"}, {{"VLLM_X", "1"}}, "/m/kimi", 2};
   DaemonState next;
-  next.active = ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z", started};
+  next.active.put(ActiveRecord{"kimi", std::string(40, 'c'), "2026-11-29T19:39:42Z", started});
   REQUIRE(s.save(next).has_value());
   auto back = s.load();
   REQUIRE(back.has_value());
   REQUIRE(back->active);
-  REQUIRE(back->active->started);
-  CHECK(*back->active->started == started);
+  REQUIRE(back->active.last()->started);
+  CHECK(*back->active.last()->started == started);
 }
 
 TEST_CASE("pulled revisions are kept in state.json, and a file without them loads with none") {
@@ -190,4 +190,35 @@ TEST_CASE("pulled revisions are kept in state.json, and a file without them load
   back = s.load();
   REQUIRE(back.has_value());
   CHECK(back->pulled.empty());
+}
+
+TEST_CASE("several services survive a save and a load in the order they were put into service, the last as active") {
+  TempDir t;
+  const auto dir = t.path;
+  StateStore store(dir);
+  REQUIRE(store.init().has_value());
+  DaemonState st;
+  StartedSettings on_gpus{{"srv"}, {}, "/m/a", 4, 8001, std::vector<unsigned>{0, 1, 2, 3}};
+  st.active.put(ActiveRecord{"a", std::string(40, 'a'), "2026-11-29T19:00:00Z", on_gpus});
+  st.active.put(ActiveRecord{"b", std::string(40, 'b'), "2026-11-29T20:00:00Z"});
+  REQUIRE(store.save(st).has_value());
+  auto back = store.load();
+  REQUIRE(back.has_value());
+  REQUIRE(back->active.services.size() == 2);
+  CHECK(back->active.services[0].model == "a");
+  CHECK(back->active.last()->model == "b");
+  REQUIRE(back->active.find("a"));
+  REQUIRE(back->active.find("a")->started);
+  CHECK(back->active.find("a")->started->gpu_ids == std::vector<unsigned>{0, 1, 2, 3});
+  CHECK(back->active.find("a")->started->port == 8001);
+  std::ifstream in(dir / "state.json");
+  auto j = nlohmann::json::parse(in);
+  CHECK(j["active"]["model"] == "b");
+  // Put into service again: it moves to the end, once.
+  back->active.put(ActiveRecord{"a", std::string(40, 'c'), "2026-11-29T21:00:00Z"});
+  REQUIRE(back->active.services.size() == 2);
+  CHECK(back->active.last()->commit == std::string(40, 'c'));
+  CHECK(back->active.erase("b"));
+  CHECK_FALSE(back->active.erase("b"));
+  CHECK(back->active.services.size() == 1);
 }

@@ -94,8 +94,8 @@ struct Fixture {
   };
 
   Result<void> stopping_old() {
-    deploy::Run run{.record = record, .model = *services.config->find_model("new"),
-                    .previous = deploy::ActiveRecord{"old", kCommit, ""}};
+    record.previous = {deploy::ActiveRecord{"old", kCommit, ""}};
+    deploy::Run run{.record = record, .model = *services.config->find_model("new")};
     Decisions decisions(record);
     auto stopped = test::run(ioc, deploy::run_stopping_old(services, run, decisions));
     if (!stopped) return stopped.error();
