@@ -1,13 +1,16 @@
 #pragma once
-// GPU memory across a model switch (gpu-facts.md): the per-GPU baseline measured while no model
-// server runs, persisted in state_dir/gpu-baseline.json so it survives a daemon restart; the
-// wait in stopping_old until every GPU is back at it; the free-memory check before launching.
+// GPU memory across a model switch (gpu-facts.md): the per-GPU baseline, each GPU measured while
+// no model server uses it, persisted in state_dir/gpu-baseline.json so it survives a daemon
+// restart; the wait in stopping_old until the GPUs just freed are back at it; the free-memory
+// check before launching; the GPU UUIDs a drop-in's CUDA_VISIBLE_DEVICES names.
 
 #include "deploy/phases.hpp"
 
 #include <boost/asio/awaitable.hpp>
 
 #include <chrono>
+#include <string>
+#include <vector>
 
 namespace modeld::deploy {
 
@@ -15,30 +18,31 @@ namespace modeld::deploy {
 /// bookkeeping), in bytes.
 inline constexpr std::uint64_t kGpuSlackBytes = 256ull << 20;
 
-/// After the old model's service is gone (`compare`): waits until every GPU's used memory is back
-/// at the recorded baseline (NVML polled on the disk pool every 500 ms; the baseline file read
-/// and written there too, never on the event loop) until `deadline`; then,
-/// and also when nothing was stopped (`compare` false), records a fresh baseline. Without NVML
-/// (no GPU) it does nothing; without a recorded baseline it only records one. stop_timeout naming
-/// each GPU still above its baseline and the processes holding it.
+/// After services were stopped (`compare`): waits until every GPU in `freed` (the union of the
+/// stopped services' GPU sets; nullopt: every GPU) that no set of `still_busy` (the GPU sets of
+/// the services that keep serving) uses is back at its recorded baseline, NVML polled on the disk
+/// pool every 500 ms until `deadline`; GPUs outside `freed` never delay it, and a freed GPU
+/// without a recorded baseline is not waited for. Then, and also when nothing was stopped
+/// (`compare` false), records a fresh baseline for the GPUs no set of `still_busy` uses, keeping
+/// the recorded values of the others (a GPU a serving model uses is never re-measured). The
+/// baseline file is read and written on the disk pool. Without NVML (no GPU) it does nothing.
+/// Errors: stop_timeout naming each GPU still above its baseline and the processes holding it;
+/// cancelled; NVML's (unit_failed).
 boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
-                                                          std::chrono::steady_clock::time_point deadline, bool compare);
+                                                          std::chrono::steady_clock::time_point deadline, bool compare,
+                                                          const config::GpuSet& freed,
+                                                          const std::vector<config::GpuSet>& still_busy);
 
-/// The same for a switch that stops only some services: `freed` the GPUs of the stopped ones
-/// (nullopt: every GPU), `still_busy` those of the services that keep serving.
-/// (Until the per-GPU wait lands this compares every GPU.)
-inline boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run& run,
-                                                                 std::chrono::steady_clock::time_point deadline,
-                                                                 bool compare, const config::GpuSet& freed,
-                                                                 const std::vector<config::GpuSet>& still_busy) {
-  (void)freed;
-  (void)still_busy;
-  return wait_gpu_memory_back(s, run, deadline, compare);
-}
-
-/// Before launching: the first `serve.gpus` GPUs are visible and each has `serve.gpu_memory`
-/// bytes free; unit_failed naming the GPUs short of memory and who holds it. Nothing to check
-/// when `serve.gpus` is 0.
+/// Before launching: with `serve.gpu_ids` set, each of those GPUs is visible and has
+/// `serve.gpu_memory` bytes free (nothing to check for an empty list); without it, the first
+/// `serve.gpus` GPUs are visible and each has that much free (nothing to check when `serve.gpus`
+/// is 0). NVML is read on the disk pool. unit_failed naming a GPU that is not visible, or the GPUs
+/// short of memory and who holds it.
 boost::asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, const Run& run);
+
+/// The UUIDs of the GPUs with NVML indices `ids`, in their order, for CUDA_VISIBLE_DEVICES;
+/// remembered for the process (gpu::Nvml::uuids), NVML read on the disk pool when an index was not
+/// seen before. unit_failed naming an index that is not visible, or that no NVIDIA GPU is.
+boost::asio::awaitable<Result<std::vector<std::string>>> gpu_uuids(Services& s, const std::vector<unsigned>& ids);
 
 }  // namespace modeld::deploy

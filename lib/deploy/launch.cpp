@@ -8,6 +8,7 @@
 #include "util/quantities.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace modeld::deploy {
 
@@ -44,11 +45,13 @@ StartedSettings started_settings(const config::ModelConfig& model, const std::fi
                          model.serve.gpus, model.serve.port, model.serve.gpu_ids};
 }
 
-std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir) {
-  return render_dropin(model, started_settings(model, model_dir));
+std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir,
+                          const std::vector<std::string>& gpu_uuids) {
+  return render_dropin(model, started_settings(model, model_dir), gpu_uuids);
 }
 
-std::string render_dropin(const config::ModelConfig& model, const StartedSettings& started) {
+std::string render_dropin(const config::ModelConfig& model, const StartedSettings& started,
+                          const std::vector<std::string>& gpu_uuids) {
   std::string out = fmt::format(
       "# Written by modeld for model {} from {}; rewritten at every daemon start. Do not edit:\n"
       "# put your own settings in another drop-in of this folder.\n"
@@ -63,7 +66,12 @@ std::string render_dropin(const config::ModelConfig& model, const StartedSetting
   std::string dir;
   for (char c : started.working_directory) dir += c == '%' ? std::string("%%") : std::string(1, c);
   out += fmt::format("WorkingDirectory={}\n", dir);
+  // By UUID, as NVML names the GPUs of serve.gpu_ids: CUDA's own numbering is not NVML's. The
+  // order is written first so a configured one wins; the devices last, so nothing overrides them.
+  if (started.gpu_ids) out += "Environment=" + quote("CUDA_DEVICE_ORDER=PCI_BUS_ID", false) + "\n";
   for (const auto& [k, v] : started.environment) out += "Environment=" + quote(k + "=" + v, false) + "\n";
+  if (started.gpu_ids)
+    out += "Environment=" + quote(fmt::format("CUDA_VISIBLE_DEVICES={}", fmt::join(gpu_uuids, ",")), false) + "\n";
   // modeld enforces startup_timeout itself (it can be hours), so systemd must not give up first.
   out += "TimeoutStartSec=infinity\n";
   out += fmt::format("TimeoutStopSec={}\n", seconds(model.serve.stop_timeout));
@@ -78,9 +86,19 @@ boost::asio::awaitable<Result<StartedSettings>> install_dropin(Services& s, cons
                                                                const std::optional<StartedSettings>& started) {
   const auto unit = units::serve_unit(model.name);
   const StartedSettings settings = started.value_or(started_settings(s, model));
+  std::vector<std::string> uuids;
+  if (settings.gpu_ids) {
+    auto found = co_await gpu_uuids(s, *settings.gpu_ids);
+    if (!found)
+      co_return make_error(found.error().code,
+                           fmt::format("model {} (serve.gpu_ids = [{}]): {}; not writing the drop-in of {}", model.name,
+                                       gpu_list(settings.gpu_ids), found.error().message, unit));
+    uuids = std::move(*found);
+  }
   // On the event loop: the process backend keeps its drop-ins in memory, owned by the loop; the
   // systemd backend writes one small file (a few ms, fsync included).
-  if (auto r = s.units.write_dropin(unit, "10-modeld.conf", render_dropin(model, settings)); !r) co_return r.error();
+  if (auto r = s.units.write_dropin(unit, "10-modeld.conf", render_dropin(model, settings, uuids)); !r)
+    co_return r.error();
   if (auto r = co_await s.units.reload(); !r) co_return r.error();
   co_return settings;
 }

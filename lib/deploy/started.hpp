@@ -22,7 +22,9 @@ namespace modeld::deploy {
 /// WorkingDirectory= lines.
 struct StartedSettings {
   std::vector<std::string> command;               ///< ExecStart= argv, placeholders filled in
-  std::map<std::string, std::string> environment;  ///< Environment= (CUDA_VISIBLE_DEVICES included)
+  /// Environment= as configured (a hand-written CUDA_VISIBLE_DEVICES included); not the
+  /// CUDA_VISIBLE_DEVICES the drop-in renders from gpu_ids (UUIDs are rendered, not compared)
+  std::map<std::string, std::string> environment;
   std::string working_directory;                   ///< WorkingDirectory=: models_dir/NAME
   unsigned gpus = 0;                               ///< serve.gpus
   /// serve.port; 0 in settings recorded before it was kept (the configuration's is used then).

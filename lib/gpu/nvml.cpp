@@ -92,7 +92,39 @@ std::string holders_text(const Gpu& g) {
   return (known ? format_gib(sum) + " held by " : std::string("held by ")) + pid_list(g.processes);
 }
 
+// The GPU of `snap` with NVML index `index`, or nullptr.
+const Gpu* find_gpu(const Snapshot& snap, unsigned index) {
+  for (const auto& g : snap.gpus)
+    if (g.index == index) return &g;
+  return nullptr;
+}
+
+Error not_visible(unsigned index, std::size_t visible) {
+  return make_error(kGpuErrc, fmt::format("GPU {} is not visible: {} GPU{}", index, visible, visible == 1 ? "" : "s"));
+}
+
+Error no_nvml(unsigned index, const std::string& library) {
+  return make_error(kGpuErrc, fmt::format("GPU {} is not visible: no NVIDIA GPU ({} not found)", index, library));
+}
+
+// "GPU 1 (NVIDIA H200): 20.4 GiB free of 140.4 GiB, 119.0 GiB held by pid 7"
+std::string short_of_text(const Gpu& g) {
+  std::string holders = holders_text(g);
+  return fmt::format("{}: {} free of {}, {}", gpu_label(g), format_gib(g.free_bytes), format_gib(g.total_bytes),
+                     holders.empty() ? fmt::format("{} used, no process listed", format_gib(g.used_bytes)) : holders);
+}
+
 }  // namespace
+
+bool contains(const GpuIndices& set, unsigned index) {
+  return !set || std::find(set->begin(), set->end(), index) != set->end();
+}
+
+std::string describe_indices(const GpuIndices& set) {
+  if (!set) return "all";
+  if (set->empty()) return "none";
+  return fmt::format("{}", fmt::join(*set, ","));
+}
 
 // The resolved entry points. Optional ones are null when the library lacks them.
 struct Nvml::Api {
@@ -251,6 +283,22 @@ Result<std::optional<Snapshot>> Nvml::snapshot() {
   return std::optional<Snapshot>(std::move(snap));
 }
 
+Result<std::vector<std::string>> Nvml::uuids(const std::vector<unsigned>& ids) {
+  std::lock_guard lock(uuids_mutex_);
+  const bool known = std::all_of(ids.begin(), ids.end(), [&](unsigned i) { return uuids_.contains(i); });
+  if (!known) {
+    auto snap = snapshot();
+    if (!snap) return snap.error();
+    if (!*snap) return no_nvml(ids.front(), library_);
+    auto found = uuids_of(**snap, ids);
+    if (!found) return found.error();
+    for (const auto& g : (*snap)->gpus) uuids_[g.index] = g.uuid;
+  }
+  std::vector<std::string> out;
+  for (unsigned i : ids) out.push_back(uuids_.at(i));
+  return out;
+}
+
 std::string format_gib(std::uint64_t bytes) {
   constexpr double kib = 1024.0, mib = kib * 1024, gib = mib * 1024;
   if (bytes >= (1ull << 30)) return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / gib);
@@ -275,6 +323,13 @@ Baseline baseline_of(const Snapshot& snap) {
   return b;
 }
 
+Baseline baseline_updated(const Baseline& recorded, const Snapshot& snap, const GpuIndices& remeasure) {
+  Baseline b = recorded;
+  for (const auto& g : snap.gpus)
+    if (contains(remeasure, g.index)) b.used_bytes[g.uuid] = g.used_bytes;
+  return b;
+}
+
 nlohmann::json to_json(const Baseline& b) {
   nlohmann::json used = nlohmann::json::object();
   for (const auto& [uuid, bytes] : b.used_bytes) used[uuid] = bytes;
@@ -295,9 +350,11 @@ Result<Baseline> baseline_from_json(const nlohmann::json& j) {
   return b;
 }
 
-std::vector<Excess> memory_back_to(const Snapshot& now, const Baseline& before, std::uint64_t slack_bytes) {
+std::vector<Excess> memory_back_to(const Snapshot& now, const Baseline& before, std::uint64_t slack_bytes,
+                                   const GpuIndices& only) {
   std::vector<Excess> out;
   for (const auto& g : now.gpus) {
+    if (!contains(only, g.index)) continue;
     auto it = before.used_bytes.find(g.uuid);
     if (it == before.used_bytes.end()) continue;
     if (g.used_bytes <= it->second || g.used_bytes - it->second <= slack_bytes) continue;
@@ -325,12 +382,7 @@ Result<void> check_free(const Snapshot& snap, unsigned gpus_needed, std::uint64_
   std::vector<std::string> short_of;
   for (unsigned i = 0; i < gpus_needed; ++i) {
     const Gpu& g = snap.gpus[i];
-    if (g.free_bytes >= bytes_per_gpu) continue;
-    std::string holders = holders_text(g);
-    short_of.push_back(fmt::format("{}: {} free of {}, {}", gpu_label(g), format_gib(g.free_bytes),
-                                   format_gib(g.total_bytes),
-                                   holders.empty() ? fmt::format("{} used, no process listed", format_gib(g.used_bytes))
-                                                   : holders));
+    if (g.free_bytes < bytes_per_gpu) short_of.push_back(short_of_text(g));
   }
   if (short_of.empty()) return {};
   std::string where = gpus_needed == 1 ? std::string("on the first GPU")
@@ -346,6 +398,39 @@ Result<void> check_free(const std::optional<Snapshot>& snap, unsigned gpus_neede
                                             gpus_needed, gpus_needed == 1 ? "" : "s"));
   }
   return check_free(*snap, gpus_needed, bytes_per_gpu);
+}
+
+Result<void> check_free_on(const Snapshot& snap, const std::vector<unsigned>& ids, std::uint64_t bytes_per_gpu) {
+  std::vector<std::string> short_of;
+  for (unsigned i : ids) {
+    const Gpu* g = find_gpu(snap, i);
+    if (!g) return not_visible(i, snap.gpus.size());
+    if (g->free_bytes < bytes_per_gpu) short_of.push_back(short_of_text(*g));
+  }
+  if (short_of.empty()) return {};
+  std::string where = ids.size() == 1 ? fmt::format("on GPU {}", ids.front())
+                                      : fmt::format("on each of GPUs {}", fmt::join(ids, ","));
+  return make_error(kGpuErrc, fmt::format("not enough free GPU memory: {} needed {}; {}", format_gib(bytes_per_gpu),
+                                          where, fmt::join(short_of, "; ")));
+}
+
+Result<void> check_free_on(const std::optional<Snapshot>& snap, const std::vector<unsigned>& ids,
+                           std::uint64_t bytes_per_gpu) {
+  if (!snap) {
+    if (ids.empty()) return {};
+    return no_nvml(ids.front(), "libnvidia-ml.so.1");
+  }
+  return check_free_on(*snap, ids, bytes_per_gpu);
+}
+
+Result<std::vector<std::string>> uuids_of(const Snapshot& snap, const std::vector<unsigned>& ids) {
+  std::vector<std::string> out;
+  for (unsigned i : ids) {
+    const Gpu* g = find_gpu(snap, i);
+    if (!g) return not_visible(i, snap.gpus.size());
+    out.push_back(g->uuid);
+  }
+  return out;
 }
 
 nlohmann::json to_json(const Snapshot& snap) {

@@ -49,6 +49,16 @@ struct Snapshot {
   std::vector<Gpu> gpus;
 };
 
+/// A set of GPUs by NVML index: nullopt means every GPU of the host, an empty list none (the
+/// same type as config::GpuSet, which this stage cannot name).
+using GpuIndices = std::optional<std::vector<unsigned>>;
+
+/// Whether GPU `index` is in `set` (always when `set` is every GPU).
+bool contains(const GpuIndices& set, unsigned index);
+
+/// "0,1,2,3" (in the list's order), "all" (nullopt) or "none" (empty), for messages.
+std::string describe_indices(const GpuIndices& set);
+
 /// The NVML library, loaded on first use; thread-safe (one call at a time).
 class Nvml {
  public:
@@ -72,6 +82,14 @@ class Nvml {
   /// query failing; nvmlInit is retried at the next call after a failure.
   Result<std::optional<Snapshot>> snapshot();
 
+  /// The UUIDs ("GPU-...") of the GPUs with NVML indices `ids`, in the order of `ids`, for
+  /// CUDA_VISIBLE_DEVICES. Remembered for the life of this instance (a GPU's UUID does not change
+  /// while the host runs), so only an index not seen before takes a snapshot(). Blocking when it
+  /// does: run it on a thread pool. Errors: unit_failed naming the first index that is not
+  /// visible ("GPU 5 is not visible: 4 GPUs") or, without NVML, that no NVIDIA GPU is visible;
+  /// snapshot()'s errors. An empty `ids` is an empty answer, NVML untouched.
+  Result<std::vector<std::string>> uuids(const std::vector<unsigned>& ids);
+
   /// The library name or path this instance loads.
   const std::string& library() const { return library_; }
 
@@ -83,6 +101,8 @@ class Nvml {
   std::mutex mutex_;
   std::unique_ptr<Api> api_;
   bool initialized_ = false;
+  std::mutex uuids_mutex_;
+  std::map<unsigned, std::string> uuids_;  // index -> UUID, as snapshots showed them
 };
 
 /// "20.0 GiB", "615 MiB", "12 KiB", "0 B": binary units as nvidia-smi reports GPU memory.
@@ -106,6 +126,11 @@ struct Baseline {
 /// The baseline of `snap`: every GPU's used bytes now.
 Baseline baseline_of(const Snapshot& snap);
 
+/// `recorded` with the GPUs of `snap` in `remeasure` (every GPU when nullopt) set to their used
+/// bytes now; every other GPU keeps its recorded value (or stays unrecorded), so a GPU that a
+/// serving model uses is never re-measured under it.
+Baseline baseline_updated(const Baseline& recorded, const Snapshot& snap, const GpuIndices& remeasure);
+
 /// {"used_bytes": {"GPU-...": 648019968, ...}}.
 nlohmann::json to_json(const Baseline& b);
 
@@ -121,9 +146,11 @@ struct Excess {
   std::vector<GpuProcess> processes;   ///< who holds memory on it now
 };
 
-/// The GPUs of `now` whose used memory exceeds `before` by more than `slack_bytes`; empty when
-/// every GPU's memory is back. GPUs not in the baseline (by UUID) are not compared.
-std::vector<Excess> memory_back_to(const Snapshot& now, const Baseline& before, std::uint64_t slack_bytes);
+/// The GPUs of `now` in `only` (every GPU when nullopt, none when empty) whose used memory
+/// exceeds `before` by more than `slack_bytes`; empty when each of them is back. GPUs not in the
+/// baseline (by UUID) are not compared.
+std::vector<Excess> memory_back_to(const Snapshot& now, const Baseline& before, std::uint64_t slack_bytes,
+                                   const GpuIndices& only = std::nullopt);
 
 /// "GPU 0 (NVIDIA H200): 20.0 GiB above the baseline, held by pid 1234 (python3)", joined by "; ".
 std::string describe_excess(const std::vector<Excess>& excess);
@@ -136,6 +163,21 @@ Result<void> check_free(const Snapshot& snap, unsigned gpus_needed, std::uint64_
 /// As check_free() above; `snap` is Nvml::snapshot()'s answer: no NVML (nullopt) and
 /// `gpus_needed` > 0 is unit_failed ("no NVIDIA GPU visible").
 Result<void> check_free(const std::optional<Snapshot>& snap, unsigned gpus_needed, std::uint64_t bytes_per_gpu);
+
+/// Whether each GPU of `ids` (NVML indices, as serve.gpu_ids lists them) is visible and has at
+/// least `bytes_per_gpu` free. unit_failed naming the first index not visible ("GPU 5 is not
+/// visible: 4 GPUs"), else each GPU short of memory, its free bytes and who holds its memory.
+/// An empty `ids` needs nothing.
+Result<void> check_free_on(const Snapshot& snap, const std::vector<unsigned>& ids, std::uint64_t bytes_per_gpu);
+
+/// As check_free_on() above; `snap` is Nvml::snapshot()'s answer: no NVML (nullopt) with a
+/// non-empty `ids` is unit_failed ("GPU 0 is not visible: no NVIDIA GPU ...").
+Result<void> check_free_on(const std::optional<Snapshot>& snap, const std::vector<unsigned>& ids,
+                           std::uint64_t bytes_per_gpu);
+
+/// The UUIDs of the GPUs with NVML indices `ids`, in the order of `ids`; unit_failed naming the
+/// first index that `snap` does not show ("GPU 5 is not visible: 4 GPUs").
+Result<std::vector<std::string>> uuids_of(const Snapshot& snap, const std::vector<unsigned>& ids);
 
 /// A snapshot as JSON, for logs and the device probe: {"gpus": [{"index", "uuid", "name",
 /// "total_bytes", "used_bytes", "free_bytes", "reserved_bytes"?, "processes": [{"pid",

@@ -9,11 +9,32 @@
  *   gpu UUID TOTAL USED FREE RESERVED NAME...   one GPU, in index order; bytes
  *   proc GPU_INDEX PID USED          a compute process on that GPU; USED "na": not available
  *   proc_error GPU_INDEX CODE        the process list of that GPU fails with CODE
+ *   procs DIR                        processes that stand-in servers report (at most 4 such lines):
+ *                                    each file DIR/PID (the name all digits) has lines
+ *                                    `gpu UUID BYTES` (UUID `*`: every GPU) and optionally
+ *                                    `linger SECONDS` and `pidns pid:[INODE]` (the writer's
+ *                                    readlink of /proc/self/ns/pid).
+ * A process of a `procs` folder counts (BYTES added to each of its GPUs' used memory, taken from
+ * their free memory, and listed with its PID in their process lists, after the `proc` lines)
+ * while /proc/PID exists and is no zombie, so the fake follows the servers, not the test: it
+ * reads /proc of the PID namespace it is loaded in, which must be the servers' (with a `pidns`
+ * line, a reader in another namespace ignores the file and leaves it alone). With `linger`, it
+ * still counts until SECONDS after the fake first saw it gone, as the memory of a worker that
+ * outlives its parent does. The fake appends `gone_at EPOCH_SECONDS` to the file when it first
+ * sees the process gone (the first such line counts, and a later process with that PID does not
+ * revive the file; when the file is not writable, each process that loads the fake remembers it
+ * instead). A file whose process is gone and whose linger (if any) is over is ignored, and
+ * deleted when this process may delete it. Files whose name is not all digits (a writer's
+ * temporary file, to be renamed into place) are ignored.
  * Struct layouts are those of NVIDIA's nvml.h for the versioned functions (gpu-facts.md). */
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -57,16 +78,173 @@ struct proc {
   unsigned gpu, pid;
   unsigned long long used;
 };
+#define MAX_PROC_DIRS 4
 struct state {
   int init, memv2;
-  unsigned ngpus, nprocs;
+  unsigned ngpus, nprocs, ndirs;
   struct gpu gpus[MAX_GPUS];
   struct proc procs[MAX_PROCS];
+  char dirs[MAX_PROC_DIRS][256];
 };
 
 static int g_init_count;
 /* Stable addresses handed out as device handles: handle i points at g_handles[i]. */
 static char g_handles[MAX_GPUS];
+
+/* --- processes reported by stand-in servers (the `procs` directive) --------------------- */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Whether process `pid` of this PID namespace runs: /proc/PID/stat exists and its state, after
+ * the last ')' of the command name, is no zombie (Z) or dead (X). */
+static int process_runs(unsigned pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%u/stat", pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* paren = strrchr(buf, ')');
+  if (!paren || paren[1] != ' ') return 1;
+  return paren[2] != 'Z' && paren[2] != 'X';
+}
+
+/* When this process first saw the process of an unwritable file gone, by the file's identity. */
+#define MAX_REMEMBERED 256
+static struct {
+  dev_t dev;
+  ino_t ino;
+  double gone_at;
+} g_gone[MAX_REMEMBERED];
+static unsigned g_ngone;
+
+static int remembered_gone(const struct stat* st, double* gone_at) {
+  for (unsigned i = 0; i < g_ngone; ++i) {
+    if (g_gone[i].dev == st->st_dev && g_gone[i].ino == st->st_ino) {
+      *gone_at = g_gone[i].gone_at;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Records that the process of `path` is gone as of `at`: in the file, else in memory. */
+static void record_gone(const char* path, const struct stat* st, double at) {
+  FILE* f = fopen(path, "a");
+  if (f && fprintf(f, "gone_at %.6f\n", at) > 0 && fclose(f) == 0) return;
+  if (f) fclose(f);
+  if (g_ngone < MAX_REMEMBERED) {
+    g_gone[g_ngone].dev = st->st_dev;
+    g_gone[g_ngone].ino = st->st_ino;
+    g_gone[g_ngone].gone_at = at;
+    ++g_ngone;
+  }
+}
+
+/* What one DIR/PID file says. */
+struct reported {
+  unsigned ngpus;
+  char uuids[MAX_GPUS][96];
+  unsigned long long bytes[MAX_GPUS];
+  double linger, gone_at;
+  int gone;
+  char pidns[64];
+};
+
+/* This process's PID namespace as readlink(/proc/self/ns/pid) names it: "pid:[4026531836]". */
+static const char* own_pidns(void) {
+  static char ns[64];
+  if (!ns[0]) {
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = '\0';
+  }
+  return ns;
+}
+
+static int read_reported(const char* path, struct reported* r) {
+  memset(r, 0, sizeof *r);
+  FILE* f = fopen(path, "r");
+  if (!f) return 0;
+  char line[256];
+  while (fgets(line, sizeof line, f)) {
+    double v = 0;
+    if (r->ngpus < MAX_GPUS && sscanf(line, "gpu %95s %llu", r->uuids[r->ngpus], &r->bytes[r->ngpus]) == 2) {
+      ++r->ngpus;
+    } else if (sscanf(line, "linger %lf", &v) == 1) {
+      r->linger = v;
+    } else if (sscanf(line, "pidns %63s", r->pidns) == 1) {
+    } else if (!r->gone && sscanf(line, "gone_at %lf", &v) == 1) {
+      r->gone = 1;
+      r->gone_at = v;
+    }
+  }
+  fclose(f);
+  return 1;
+}
+
+/* Whether the process of DIR/PID counts now; deletes the file of one that no longer will. */
+static int still_counts(const char* path, unsigned pid, struct reported* r) {
+  struct stat st;
+  if (stat(path, &st) != 0 || !read_reported(path, r)) return 0;
+  /* A reader in another PID namespace cannot tell whether the writer runs: it leaves the file be. */
+  if (r->pidns[0] && strcmp(r->pidns, own_pidns()) != 0) return 0;
+  if (!r->gone) r->gone = remembered_gone(&st, &r->gone_at);
+  if (!r->gone && process_runs(pid)) return 1;
+  if (!r->gone) {
+    r->gone = 1;
+    r->gone_at = now_s();
+    record_gone(path, &st, r->gone_at); /* so a later process with this PID does not revive it */
+  }
+  if (now_s() < r->gone_at + r->linger) return 1;
+  unlink(path); /* may fail (another user's folder): the file is ignored all the same */
+  return 0;
+}
+
+static void add_reported(struct state* s, unsigned pid, const struct reported* r) {
+  for (unsigned k = 0; k < r->ngpus; ++k) {
+    for (unsigned i = 0; i < s->ngpus && s->nprocs < MAX_PROCS; ++i) {
+      struct gpu* g = &s->gpus[i];
+      if (strcmp(r->uuids[k], "*") != 0 && strcmp(r->uuids[k], g->uuid) != 0) continue;
+      g->used += r->bytes[k];
+      g->free = g->free > r->bytes[k] ? g->free - r->bytes[k] : 0;
+      s->procs[s->nprocs].gpu = i;
+      s->procs[s->nprocs].pid = pid;
+      s->procs[s->nprocs].used = r->bytes[k];
+      ++s->nprocs;
+    }
+  }
+}
+
+static int by_number(const void* a, const void* b) {
+  unsigned x = *(const unsigned*)a, y = *(const unsigned*)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Adds the processes of `dir` that count now, in PID order. */
+static void load_reported(struct state* s, const char* dir) {
+  DIR* d = opendir(dir);
+  if (!d) return;
+  unsigned pids[MAX_PROCS], n = 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL && n < MAX_PROCS) {
+    const char* name = e->d_name;
+    if (!*name || strspn(name, "0123456789") != strlen(name) || strlen(name) > 9) continue;
+    pids[n++] = (unsigned)strtoul(name, NULL, 10);
+  }
+  closedir(d);
+  qsort(pids, n, sizeof pids[0], by_number);
+  for (unsigned i = 0; i < n; ++i) {
+    char path[512];
+    struct reported r;
+    snprintf(path, sizeof path, "%s/%u", dir, pids[i]);
+    if (still_counts(path, pids[i], &r)) add_reported(s, pids[i], &r);
+  }
+}
 
 static int load(struct state* s) {
   memset(s, 0, sizeof *s);
@@ -104,9 +282,13 @@ static int load(struct state* s) {
       unsigned idx = 0;
       int code = 0;
       if (sscanf(rest, "%u %d", &idx, &code) == 2 && idx < MAX_GPUS) s->gpus[idx].proc_error = code;
+    } else if (strcmp(word, "procs") == 0 && s->ndirs < MAX_PROC_DIRS) {
+      if (sscanf(rest, " %255s", s->dirs[s->ndirs]) == 1) ++s->ndirs;
     }
   }
   fclose(f);
+  /* After the whole file: the GPUs a reported UUID names are known only then. */
+  for (unsigned i = 0; i < s->ndirs; ++i) load_reported(s, s->dirs[i]);
   return 1;
 }
 

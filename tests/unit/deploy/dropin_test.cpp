@@ -14,7 +14,7 @@ TEST_CASE("the drop-in fills the command's placeholders and quotes for systemd")
   m.serve.port = 8001;
   m.serve.environment = {{"NCCL_DEBUG", "WARN"}, {"PROMPT_PREFIX", "cost: $5"}};
   m.serve.stop_timeout = std::chrono::minutes(5);
-  auto text = deploy::render_dropin(m, "/var/lib/modeld/models/kimi-k2-5");
+  auto text = deploy::render_dropin(m, "/var/lib/modeld/models/kimi-k2-5", {});
   CHECK(text.find("ExecStart=\nExecStart=\"vllm\" \"serve\" \"/var/lib/modeld/models/kimi-k2-5\" "
                   "\"--served-model-name\" \"kimi-k2.5\" \"--port\" \"8001\"") != std::string::npos);
   CHECK(text.find(R"("100%% \"quoted\" $$HOME")") != std::string::npos);
@@ -30,6 +30,69 @@ TEST_CASE("the working directory is written unquoted with percent signs escaped"
   config::ModelConfig m;
   m.name = "m";
   m.serve.command = {"srv"};
-  auto text = deploy::render_dropin(m, "/srv/models 100%/m");
+  auto text = deploy::render_dropin(m, "/srv/models 100%/m", {});
   CHECK(text.find("WorkingDirectory=/srv/models 100%%/m\n") != std::string::npos);
+}
+
+namespace {
+
+config::ModelConfig on_gpus(std::optional<std::vector<unsigned>> ids) {
+  config::ModelConfig m;
+  m.name = "minimax";
+  m.serve.command = {"vllm", "serve", "{model_dir}"};
+  m.serve.environment = {{"NCCL_DEBUG", "WARN"}};
+  m.serve.gpu_ids = std::move(ids);
+  return m;
+}
+
+// The Environment= lines of a drop-in, in order.
+std::vector<std::string> environment_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while ((pos = text.find("Environment=", pos)) != std::string::npos) {
+    const auto end = text.find('\n', pos);
+    out.push_back(text.substr(pos, end - pos));
+    pos = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("with gpu_ids the drop-in names the GPUs by UUID in gpu_ids' order, in PCI bus order") {
+  const auto m = on_gpus(std::vector<unsigned>{6, 4});
+  const auto text = deploy::render_dropin(m, "/m/minimax", {"GPU-6666", "GPU-4444"});
+  CHECK(environment_lines(text) == std::vector<std::string>{"Environment=\"CUDA_DEVICE_ORDER=PCI_BUS_ID\"",
+                                                            "Environment=\"NCCL_DEBUG=WARN\"",
+                                                            "Environment=\"CUDA_VISIBLE_DEVICES=GPU-6666,GPU-4444\""});
+  // What the service started with keeps the indices, never the UUIDs.
+  const auto started = deploy::started_settings(m, "/m/minimax");
+  CHECK(started.gpu_ids == std::optional<std::vector<unsigned>>(std::vector<unsigned>{6, 4}));
+  CHECK_FALSE(started.environment.contains("CUDA_VISIBLE_DEVICES"));
+  CHECK(text == deploy::render_dropin(m, started, {"GPU-6666", "GPU-4444"}));
+}
+
+TEST_CASE("gpu_ids = [] hides every GPU with an empty CUDA_VISIBLE_DEVICES") {
+  const auto text = deploy::render_dropin(on_gpus(std::vector<unsigned>{}), "/m/minimax", {});
+  CHECK(environment_lines(text) == std::vector<std::string>{"Environment=\"CUDA_DEVICE_ORDER=PCI_BUS_ID\"",
+                                                            "Environment=\"NCCL_DEBUG=WARN\"",
+                                                            "Environment=\"CUDA_VISIBLE_DEVICES=\""});
+}
+
+TEST_CASE("without gpu_ids the drop-in sets no CUDA variable and leaves a hand-written one alone") {
+  auto m = on_gpus(std::nullopt);
+  m.serve.environment["CUDA_VISIBLE_DEVICES"] = "0,1";
+  const auto text = deploy::render_dropin(m, "/m/minimax", {"GPU-ignored"});
+  CHECK(environment_lines(text) == std::vector<std::string>{"Environment=\"CUDA_VISIBLE_DEVICES=0,1\"",
+                                                            "Environment=\"NCCL_DEBUG=WARN\""});
+}
+
+TEST_CASE("a configured CUDA_DEVICE_ORDER comes after modeld's, so systemd lets it win") {
+  auto m = on_gpus(std::vector<unsigned>{0});
+  m.serve.environment["CUDA_DEVICE_ORDER"] = "FASTEST_FIRST";
+  const auto lines = environment_lines(deploy::render_dropin(m, "/m/minimax", {"GPU-0"}));
+  REQUIRE(lines.size() == 4);
+  CHECK(lines.front() == "Environment=\"CUDA_DEVICE_ORDER=PCI_BUS_ID\"");
+  CHECK(lines[1] == "Environment=\"CUDA_DEVICE_ORDER=FASTEST_FIRST\"");
+  CHECK(lines.back() == "Environment=\"CUDA_VISIBLE_DEVICES=GPU-0\"");
 }

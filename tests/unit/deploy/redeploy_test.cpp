@@ -42,11 +42,11 @@ TEST_CASE("the drop-in is written from the started settings, so the two never di
   CHECK(s.command == std::vector<std::string>{"vllm", "serve", "/models/kimi", "--port", "8001"});
   CHECK(s.working_directory == "/models/kimi");
   CHECK(s.gpus == 8);
-  CHECK(deploy::render_dropin(m, "/models/kimi") == deploy::render_dropin(m, s));
+  CHECK(deploy::render_dropin(m, "/models/kimi", {}) == deploy::render_dropin(m, s, {}));
   // A drop-in from recorded settings carries them, not what the configuration says today.
   auto old = s;
   old.environment = {{"OLD_ONLY", "7"}};
-  const auto text = deploy::render_dropin(m, old);
+  const auto text = deploy::render_dropin(m, old, {});
   CHECK(text.find("Environment=\"OLD_ONLY=7\"") != std::string::npos);
   CHECK(text.find("VLLM_X") == std::string::npos);
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <unistd.h>
 
@@ -324,4 +325,128 @@ TEST_CASE("GPU memory sizes are printed in binary units") {
   CHECK(format_gib(615 * MiB) == "615 MiB");
   CHECK(format_gib(20 * GiB + 512 * MiB) == "20.5 GiB");
   CHECK(format_gib(3 * 1024) == "3 KiB");
+}
+
+namespace {
+
+constexpr std::uint64_t kGpuSlack = 256 * MiB;
+
+// `n` idle H200s, GPU i with UUID "GPU-i", `used[i]` bytes used when given.
+Snapshot idle_gpus(unsigned n, const std::map<unsigned, std::uint64_t>& used = {}) {
+  Snapshot s;
+  for (unsigned i = 0; i < n; ++i) {
+    const std::uint64_t u = used.contains(i) ? used.at(i) : 615 * MiB;
+    s.gpus.push_back(Gpu{i, "GPU-" + std::to_string(i), "NVIDIA H200", 140 * GiB, u, 140 * GiB - u, {}, {}, {}});
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("memory_back_to compares only the GPUs it is given, all of them without a set") {
+  const Baseline before = baseline_of(idle_gpus(8));
+  // A model serves on GPUs 4-7; the one stopped on 0-3 left 30 GiB on GPU 2.
+  const Snapshot now = idle_gpus(8, {{2, 30 * GiB}, {4, 100 * GiB}, {5, 100 * GiB}, {6, 100 * GiB}, {7, 100 * GiB}});
+  auto excess = memory_back_to(now, before, kGpuSlack, std::vector<unsigned>{0, 1, 2, 3});
+  REQUIRE(excess.size() == 1);
+  CHECK(excess[0].index == 2);
+  CHECK(memory_back_to(now, before, 0, std::vector<unsigned>{0, 1, 3}).empty());
+  CHECK(memory_back_to(now, before, 0, std::vector<unsigned>{}).empty());
+  CHECK(memory_back_to(now, before, 0).size() == 5);
+  CHECK(memory_back_to(now, before, 0, std::nullopt).size() == 5);
+}
+
+TEST_CASE("a baseline update re-measures only the GPUs given and keeps the others' recorded values") {
+  Baseline recorded = baseline_of(idle_gpus(4));
+  recorded.used_bytes.erase("GPU-3");  // never measured: a model served there since the first start
+  // GPUs 2 and 3 serve a model now (100 GiB); GPUs 0 and 1 idle with a little more driver memory.
+  const Snapshot now = idle_gpus(4, {{0, 700 * MiB}, {1, 700 * MiB}, {2, 100 * GiB}, {3, 100 * GiB}});
+  const Baseline b = baseline_updated(recorded, now, std::vector<unsigned>{0, 1});
+  CHECK(b.used_bytes.at("GPU-0") == 700 * MiB);
+  CHECK(b.used_bytes.at("GPU-1") == 700 * MiB);
+  CHECK(b.used_bytes.at("GPU-2") == 615 * MiB);
+  CHECK_FALSE(b.used_bytes.contains("GPU-3"));
+  CHECK(baseline_updated(recorded, now, std::nullopt) == baseline_of(now));
+  CHECK(baseline_updated(recorded, now, std::vector<unsigned>{}) == recorded);
+}
+
+TEST_CASE("check_free_on checks the GPUs of a gpu_ids list and names one that is not visible") {
+  const Snapshot four = idle_gpus(4, {{1, 130 * GiB}});
+  CHECK(check_free_on(four, {2, 3}, 100 * GiB).has_value());
+  CHECK(check_free_on(four, {}, 1000 * GiB).has_value());
+
+  auto missing = check_free_on(four, {2, 5, 6}, 1 * GiB);
+  REQUIRE(missing.has_error());
+  CHECK(missing.error().code == Errc::unit_failed);
+  CHECK(missing.error().message == "GPU 5 is not visible: 4 GPUs");
+
+  auto busy = check_free_on(four, {3, 1}, 20 * GiB);
+  REQUIRE(busy.has_error());
+  CHECK(busy.error().code == Errc::unit_failed);
+  CHECK(busy.error().message ==
+        "not enough free GPU memory: 20.0 GiB needed on each of GPUs 3,1; GPU 1 (NVIDIA H200): 10.0 GiB free of "
+        "140.0 GiB, 130.0 GiB used, no process listed");
+  auto one = check_free_on(four, {1}, 20 * GiB);
+  REQUIRE(one.has_error());
+  CHECK_THAT(one.error().message, Catch::StartsWith("not enough free GPU memory: 20.0 GiB needed on GPU 1; "));
+
+  std::optional<Snapshot> none;
+  auto absent = check_free_on(none, {0}, 0);
+  REQUIRE(absent.has_error());
+  CHECK_THAT(absent.error().message, Catch::StartsWith("GPU 0 is not visible: no NVIDIA GPU"));
+  CHECK(check_free_on(none, {}, 1 * GiB).has_value());
+}
+
+TEST_CASE("uuids_of answers the UUIDs in the order of the indices and names a missing one") {
+  const Snapshot four = idle_gpus(4);
+  auto u = uuids_of(four, {3, 0, 2});
+  REQUIRE(u.has_value());
+  CHECK(*u == std::vector<std::string>{"GPU-3", "GPU-0", "GPU-2"});
+  CHECK(uuids_of(four, {})->empty());
+  auto missing = uuids_of(four, {0, 4});
+  REQUIRE(missing.has_error());
+  CHECK(missing.error().code == Errc::unit_failed);
+  CHECK(missing.error().message == "GPU 4 is not visible: 4 GPUs");
+  auto one = uuids_of(idle_gpus(1), {1});
+  REQUIRE(one.has_error());
+  CHECK(one.error().message == "GPU 1 is not visible: 1 GPU");
+}
+
+TEST_CASE("Nvml::uuids remembers each index's UUID and asks NVML only for indices it has not seen") {
+  FakeState state;
+  state.write(two_gpus(615 * MiB, 615 * MiB));
+  Nvml nvml(FAKE_NVML_PATH);
+  auto u = nvml.uuids({1, 0});
+  REQUIRE(u.has_value());
+  CHECK(*u == std::vector<std::string>{"GPU-bbbb-1111", "GPU-aaaa-0000"});
+
+  // NVML would now answer other UUIDs: the remembered ones still answer, NVML is not asked.
+  std::string renamed = two_gpus(615 * MiB, 615 * MiB);
+  renamed.replace(renamed.find("GPU-aaaa"), 8, "GPU-cccc");
+  state.write(renamed);
+  auto again = nvml.uuids({0});
+  REQUIRE(again.has_value());
+  CHECK(*again == std::vector<std::string>{"GPU-aaaa-0000"});
+  auto missing = nvml.uuids({0, 2});
+  REQUIRE(missing.has_error());
+  CHECK(missing.error().code == Errc::unit_failed);
+  CHECK(missing.error().message == "GPU 2 is not visible: 2 GPUs");
+  CHECK(nvml.uuids({})->empty());
+
+  Nvml absent("/nonexistent/dir/libnvidia-ml.so.1");
+  auto none = absent.uuids({3});
+  REQUIRE(none.has_error());
+  CHECK(none.error().code == Errc::unit_failed);
+  CHECK_THAT(none.error().message, Catch::StartsWith("GPU 3 is not visible: no NVIDIA GPU") &&
+                                       Catch::Contains("/nonexistent/dir/libnvidia-ml.so.1"));
+  CHECK(absent.uuids({})->empty());
+}
+
+TEST_CASE("GPU sets are described as the journal writes them") {
+  CHECK(describe_indices(std::nullopt) == "all");
+  CHECK(describe_indices(std::vector<unsigned>{}) == "none");
+  CHECK(describe_indices(std::vector<unsigned>{4, 5, 6}) == "4,5,6");
+  CHECK(contains(std::nullopt, 7));
+  CHECK_FALSE(contains(std::vector<unsigned>{}, 0));
+  CHECK(contains(std::vector<unsigned>{1, 3}, 3));
 }
