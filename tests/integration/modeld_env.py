@@ -392,6 +392,23 @@ SetCredential=hf-token:\\n
         wait_for("modeld's control socket after a restart", lambda: self.modelctl("status").returncode == 0,
                  timeout=60)
 
+    def reboot(self) -> None:
+        """Reboots the namespace: powers the namespaced systemd off (every unit stops as at a
+        host's shutdown, modeld and the model services included; /run, the runtime units and
+        drop-ins and the private journal go with it), boots a new one, installs the units again
+        and starts modeld.service, as the host's boot would; waits for modeld's socket. Files
+        under the work folder (models, state, configuration) stay. The new systemd's console
+        output goes to systemd-boot-N.log; journal() then reads the new boot's journal only."""
+        self.systemd.stop()
+        self.boots = getattr(self, "boots", 1) + 1
+        self.systemd = NamespacedSystemd(log_path=self.workdir / f"systemd-boot-{self.boots}.log",
+                                         private_journal=not self.journal_to_host)
+        self.systemd.start()
+        self.install_units()
+        self.systemd.run(["systemctl", "start", "modeld.service"], check=True)
+        wait_for("modeld's control socket after the reboot", lambda: self.modelctl("status").returncode == 0,
+                 timeout=60)
+
     # -- use ----------------------------------------------------------------------------------
 
     def journal(self, *match: str, unit: str | None = None) -> list[dict]:
