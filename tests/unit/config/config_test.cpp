@@ -756,7 +756,7 @@ std::string model_with(std::string_view name, std::string_view serve) {
 
 }  // namespace
 
-TEST_CASE("serve.gpu_ids is read in the order written, and serve.gpus derived from its size") {
+TEST_CASE("serve.gpu_ids is read in the order written and serve.gpus is derived from its size") {
   TempDir dir;
   SECTION("a list: kept as written, gpus = its size") {
     fs::path main = dir.write("modeld.toml", model_with("m", "gpu_ids = [3, 1, 2, 0]\n"));
@@ -970,7 +970,7 @@ TEST_CASE("two models on one port that may serve together are a problem at the l
   }
 }
 
-TEST_CASE("models that never serve together may share a port, and models on other ports may serve together") {
+TEST_CASE("models that never serve together may share a port and models on other ports may serve together") {
   TempDir dir;
   fs::path main = dir.write("modeld.toml", "[daemon]\n");
   SECTION("overlapping lists") {
@@ -997,7 +997,7 @@ TEST_CASE("models that never serve together may share a port, and models on othe
   CHECK(r.config);
 }
 
-TEST_CASE("gpu_sets_overlap: every GPU overlaps any set but the empty one, lists overlap on a shared index") {
+TEST_CASE("gpu_sets_overlap: every GPU overlaps any set but the empty one and lists overlap on a shared index") {
   const GpuSet all;
   const GpuSet none = std::vector<unsigned>{};
   const GpuSet low = std::vector<unsigned>{0, 1, 2, 3};
@@ -1013,4 +1013,45 @@ TEST_CASE("gpu_sets_overlap: every GPU overlaps any set but the empty one, lists
   CHECK(gpu_sets_overlap(low, three));
   CHECK(gpu_sets_overlap(three, low));
   CHECK_FALSE(gpu_sets_overlap(three, high));
+}
+
+TEST_CASE("the shipped model examples load together once renamed: MiniMax on GPUs 0-3 beside Qwen on 4-7 and Kimi on all") {
+  TempDir dir;
+  const fs::path config = fs::path(MODELD_SOURCE_DIR) / "config";
+  fs::copy_file(config / "modeld.toml", dir.path / "modeld.toml");
+  fs::create_directories(dir.path / "models.d");
+  std::size_t copied = 0;
+  for (const auto& entry : fs::directory_iterator(config / "models.d")) {
+    std::string name = entry.path().filename().string();
+    if (name.ends_with(".toml.example"))
+      name.resize(name.size() - std::string_view(".example").size());
+    else if (!name.ends_with(".toml"))
+      continue;
+    fs::copy_file(entry.path(), dir.path / "models.d" / name);
+    ++copied;
+  }
+  LoadResult r = load(dir.path / "modeld.toml", Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.empty());
+  REQUIRE(r.config);
+  CHECK(r.config->models.size() == copied);
+  CHECK(copied == 3);
+
+  const ModelConfig* kimi = r.config->find_model("kimi-k2-5");
+  REQUIRE(kimi != nullptr);
+  CHECK_FALSE(kimi->serve.gpu_ids.has_value());
+  CHECK(kimi->serve.gpus == 8);
+
+  const ModelConfig* minimax = r.config->find_model("minimax-m2-5");
+  REQUIRE(minimax != nullptr);
+  CHECK(minimax->serve.gpu_ids == std::optional<std::vector<unsigned>>({0, 1, 2, 3}));
+  CHECK(minimax->serve.gpus == 4);
+
+  const ModelConfig* qwen = r.config->find_model("qwen3-235b");
+  REQUIRE(qwen != nullptr);
+  CHECK(qwen->serve.gpu_ids == std::optional<std::vector<unsigned>>({4, 5, 6, 7}));
+  CHECK(qwen->serve.gpus == 4);
+  CHECK(qwen->serve.port != minimax->serve.port);
+  CHECK_FALSE(gpu_sets_overlap(qwen->serve.gpu_ids, minimax->serve.gpu_ids));
+  CHECK(gpu_sets_overlap(kimi->serve.gpu_ids, qwen->serve.gpu_ids));
 }
