@@ -613,6 +613,7 @@ json plan_json(const deploy::PlanReport& p) {
               {"shortfall_bytes", p.shortfall_bytes},
               {"allow_downtime", p.allow_downtime},
               {"active_model", util::or_null(p.active_model)},
+              {"stops", p.stops},
               {"rollback_possible", p.rollback_possible},
               {"warming", p.warming},
               {"fits_with_allow_downtime", p.fits_with_allow_downtime}};
