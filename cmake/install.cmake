@@ -46,6 +46,7 @@ install(FILES config/modeld.toml DESTINATION /etc/modeld)
 install(FILES config/models.d/README
               ${MODELD_PKG_GEN}/kimi-k2-5.toml.example
               ${MODELD_PKG_GEN}/minimax-m2-5.toml.example
+              ${MODELD_PKG_GEN}/qwen3-235b.toml.example
         DESTINATION /etc/modeld/models.d)
 
 # Documentation.

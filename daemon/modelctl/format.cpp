@@ -72,6 +72,32 @@ std::string short_commit(const json& commit) {
   return modeld::util::escape_control(commit.get_ref<const std::string&>().substr(0, 12));
 }
 
+std::string gpu_text(const json& ids) {
+  if (ids.is_null()) return "all";
+  if (!ids.is_array()) return "-";
+  std::vector<std::uint64_t> v;
+  for (const auto& i : ids) {
+    if (!i.is_number_unsigned()) return "-";
+    v.push_back(i.get<std::uint64_t>());
+  }
+  if (v.empty()) return "none";
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  std::vector<std::string> runs;
+  for (std::size_t i = 0; i < v.size();) {
+    std::size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    runs.push_back(i == j ? fmt::format("{}", v[i]) : fmt::format("{}-{}", v[i], v[j]));
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(runs, ","));
+}
+
+std::string kind_prefix(const json& d) {
+  const auto kind = str(d, "kind", "deploy");
+  return kind == "deploy" ? std::string() : kind + " ";
+}
+
 std::string progress_line(const json& p) {
   const auto total = uint(p, "bytes_total");
   if (total == 0) return {};
@@ -190,8 +216,8 @@ std::vector<std::string> deployment_lines(const json& d, const Style& style, std
   std::vector<std::string> out;
   const auto state = str(d, "state");
   const bool running = state == "running";
-  out.push_back(fmt::format("{} {} of {} (commit {})", running ? "Deployment: " : "Last deployment:", str(d, "id"),
-                            style.bold(str(d, "model")), short_commit(d.value("commit", json()))));
+  out.push_back(fmt::format("{} {}{} of {} (commit {})", running ? "Deployment: " : "Last deployment:", kind_prefix(d),
+                            str(d, "id"), style.bold(str(d, "model")), short_commit(d.value("commit", json()))));
   if (running) {
     out.push_back(fmt::format("  Phase:     {}, {}", str(d, "phase"), style.state(state)));
     for (auto& line : progress_lines(d.value("progress", json()), columns)) out.push_back(std::move(line));
@@ -206,48 +232,90 @@ std::vector<std::string> deployment_lines(const json& d, const Style& style, std
   return out;
 }
 
-std::string status_text(const json& s, const Style& style) {
+namespace {
+
+// Rows aligned in columns two spaces apart, each line after `indent`.
+std::string aligned(const std::vector<std::vector<std::string>>& rows, const std::string& indent = "") {
+  std::vector<std::size_t> widths(rows.empty() ? 0 : rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size() && i < widths.size(); ++i) widths[i] = std::max(widths[i], width(r[i]));
   std::string out;
-  const auto& daemon = s.value("daemon", json::object());
-  auto uptime = std::chrono::seconds(static_cast<long long>(num(daemon, "uptime_s")));
-  out += fmt::format("{} {}, up {}\n", style.bold("modeld"), str(daemon, "version"),
-                     modeld::util::format_duration(uptime));
-
-  const auto& a = s.value("active", json());
-  if (a.is_object())
-    out += fmt::format("Active:      {} (commit {}), {} on port {}, since {}\n", str(a, "model"),
-                       short_commit(a.value("commit", json())), str(a, "unit"), uint(a, "port"),
-                       str(a, "since"));
-  else
-    out += "Active:      none\n";
-
-  if (const auto& w = s.value("watchdog", json()); w.is_object()) {
-    const auto restarts = uint(w, "restarts");
-    std::string line = fmt::format("Watchdog:    {}, {} restart{}", str(w, "state"), restarts, restarts == 1 ? "" : "s");
-    if (auto n = uint(w, "consecutive_failures"); n > 0)
-      line += fmt::format(", {} failed probe{} in a row", n, n == 1 ? "" : "s");
-    if (w.contains("last_probe_ok") && w["last_probe_ok"].is_boolean())
-      line += fmt::format(", last probe {} at {}", w["last_probe_ok"].get<bool>() ? "ok" : "failed",
-                          str(w, "last_probe_at"));
+  for (const auto& r : rows) {
+    std::string line = indent;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(widths[i] - width(r[i]) + 2, ' ');
+    }
     out += line + "\n";
-    if (auto at = str(w, "last_restart_at", ""); !at.empty())
-      out += fmt::format("  Restarted: {}: {}\n", at, str(w, "last_restart_reason"));
   }
+  return out;
+}
 
-  const auto& d = s.value("deployment", json());
-  if (!d.is_object()) {
-    out += "Deployment:  none\n";
-    return out;
-  }
-  out += fmt::format("Deployment:  {}\n", str(d, "id"));
-  out += fmt::format("  Model:     {} (commit {})\n", str(d, "model"),
-                     short_commit(d.value("commit", json())));
+// The entry of `model` in GET /v1/status "services", or null.
+json service_of(const json& services, const std::string& model) {
+  if (services.is_array())
+    for (const auto& s : services)
+      if (str(s, "model", "") == model) return s;
+  return json();
+}
+
+// The "Active:" line: the model put into service last, with its GPUs when "services" has it.
+std::string active_line(const json& status) {
+  const auto& a = status.value("active", json());
+  if (!a.is_object()) return "Active:      none\n";
+  const auto service = service_of(status.value("services", json()), str(a, "model", ""));
+  const std::string gpus = service.is_object() ? ", GPUs " + gpu_text(service.value("gpu_ids", json())) : "";
+  return fmt::format("Active:      {} (commit {}), {} on port {}{}, since {}\n", str(a, "model"),
+                     short_commit(a.value("commit", json())), str(a, "unit"), uint(a, "port"), gpus, str(a, "since"));
+}
+
+// A watchdog record as the "Watchdog:" line and, after a restart, a "Restarted:" line.
+std::string watchdog_lines(const json& w) {
+  if (!w.is_object()) return "";
+  const auto restarts = uint(w, "restarts");
+  std::string line = fmt::format("Watchdog:    {}, {} restart{}", str(w, "state"), restarts, restarts == 1 ? "" : "s");
+  if (auto n = uint(w, "consecutive_failures"); n > 0)
+    line += fmt::format(", {} failed probe{} in a row", n, n == 1 ? "" : "s");
+  if (w.contains("last_probe_ok") && w["last_probe_ok"].is_boolean())
+    line += fmt::format(", last probe {} at {}", w["last_probe_ok"].get<bool>() ? "ok" : "failed",
+                        str(w, "last_probe_at"));
+  std::string out = line + "\n";
+  if (auto at = str(w, "last_restart_at", ""); !at.empty())
+    out += fmt::format("  Restarted: {}: {}\n", at, str(w, "last_restart_reason"));
+  return out;
+}
+
+// A service's watchdog in one table cell: "-" when not watched, else its state and restarts.
+std::string watchdog_cell(const json& w) {
+  if (!w.is_object()) return "-";
+  std::string out = str(w, "state");
+  if (auto n = uint(w, "restarts"); n > 0) out += fmt::format(", {} restart{}", n, n == 1 ? "" : "s");
+  return out;
+}
+
+// Every service in a table, when more than one serves (one is the "Active:" line already).
+std::string services_table(const json& services) {
+  if (!services.is_array() || services.size() < 2) return "";
+  std::vector<std::vector<std::string>> rows{{"MODEL", "COMMIT", "UNIT", "PORT", "GPUS", "SINCE", "WATCHDOG"}};
+  for (const auto& s : services)
+    rows.push_back({str(s, "model"), short_commit(s.value("commit", json())), str(s, "unit"),
+                    std::to_string(uint(s, "port")), gpu_text(s.value("gpu_ids", json())), str(s, "since"),
+                    watchdog_cell(s.value("watchdog", json()))});
+  return fmt::format("Services:    {} in service (the last put into service is the active one)\n", services.size()) +
+         aligned(rows, "  ");
+}
+
+// The deployment of GET /v1/status: its id (after its kind when it is no deploy), model, phase,
+// state, progress, times, error, switch and benchmark.
+std::string deployment_text(const json& d, const Style& style) {
+  if (!d.is_object()) return "Deployment:  none\n";
+  std::string out = fmt::format("Deployment:  {}{}\n", kind_prefix(d), str(d, "id"));
+  out += fmt::format("  Model:     {} (commit {})\n", str(d, "model"), short_commit(d.value("commit", json())));
   out += fmt::format("  Phase:     {}\n", str(d, "phase"));
   out += fmt::format("  State:     {}\n", style.state(str(d, "state")));
   if (auto p = progress_line(d.value("progress", json())); !p.empty()) {
     const auto& pj = d["progress"];
-    out += fmt::format("  Progress:  {} ({} of {} files)\n", p, uint(pj, "files_done"),
-                       uint(pj, "files_total"));
+    out += fmt::format("  Progress:  {} ({} of {} files)\n", p, uint(pj, "files_done"), uint(pj, "files_total"));
     if (pj.contains("files") && pj["files"].is_array())
       for (const auto& f : pj["files"]) {
         std::string line = fmt::format("    {}: {}", str(f, "path"), progress_line(f));
@@ -264,6 +332,28 @@ std::string status_text(const json& s, const Style& style) {
     out += fmt::format("  Benchmark: first token {:.2f} s, {:.1f} tokens/s\n", num(b, "ttft_s"),
                        num(b, "decode_tokens_per_s"));
   return out;
+}
+
+}  // namespace
+
+std::string services_line(const json& services) {
+  if (!services.is_array() || services.size() < 2) return "";
+  std::vector<std::string> each;
+  for (const auto& s : services)
+    each.push_back(fmt::format("{} (port {}, GPUs {})", str(s, "model"), uint(s, "port"),
+                               gpu_text(s.value("gpu_ids", json()))));
+  return fmt::format("{}", fmt::join(each, ", "));
+}
+
+std::string status_text(const json& s, const Style& style) {
+  const auto& daemon = s.value("daemon", json::object());
+  auto uptime = std::chrono::seconds(static_cast<long long>(num(daemon, "uptime_s")));
+  std::string out = fmt::format("{} {}, up {}\n", style.bold("modeld"), str(daemon, "version"),
+                                modeld::util::format_duration(uptime));
+  out += active_line(s);
+  out += watchdog_lines(s.value("watchdog", json()));
+  out += services_table(s.value("services", json()));
+  return out + deployment_text(s.value("deployment", json()), style);
 }
 
 namespace {
@@ -296,19 +386,7 @@ std::string models_table(const json& body, const Style& style) {
                     str(m, "last_active"),
                     str(m, "repo") + (str(m, "revision", "").empty() ? "" : "@" + str(m, "revision"))});
   }
-  std::vector<std::size_t> widths(rows[0].size(), 0);
-  for (const auto& r : rows)
-    for (std::size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], width(r[i]));
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(widths[i] - width(r[i]) + 2, ' ');
-    }
-    out += line + "\n";
-  }
-  return out + revisions_table(models);
+  return aligned(rows) + revisions_table(models);
 }
 
 namespace {

@@ -29,6 +29,14 @@ std::string str(const nlohmann::json& j, const char* key, std::string fallback =
 /// The first 12 characters of a commit (control characters escaped), or "-" when null.
 std::string short_commit(const nlohmann::json& commit);
 
+/// A GPU set as modelctl shows it: "all" for null (every GPU), "none" for an empty array, else
+/// the indices sorted with runs joined ("0-3", "0,2,4-7"); "-" for anything else.
+std::string gpu_text(const nlohmann::json& gpu_ids);
+
+/// How a record is named before its id: "" for a deployment (kind "deploy" or none), else its
+/// kind and a space ("pull ", "stop "), control characters escaped.
+std::string kind_prefix(const nlohmann::json& deployment);
+
 /// A DEPLOYMENT's progress as "37% of 547 GB at 1.2 GB/s, 4 min left"; empty when there is
 /// nothing to download yet.
 std::string progress_line(const nlohmann::json& progress);
@@ -65,7 +73,12 @@ std::string switch_text(const nlohmann::json& deployment);
 std::vector<std::string> deployment_lines(const nlohmann::json& deployment, const Style& style,
                                           std::size_t columns);
 
-/// The body of GET /v1/status as several lines (daemon, active model, deployment).
+/// GET /v1/status "services" in one line, "a (port 8000, GPUs 0-3), b (port 8001, GPUs 4-7)", in
+/// the order put into service; empty when fewer than two serve (the active model says it all).
+std::string services_line(const nlohmann::json& services);
+
+/// The body of GET /v1/status as several lines: daemon, the active model (with its GPUs and its
+/// watchdog), a table of every service when more than one serves, and the deployment.
 std::string status_text(const nlohmann::json& status, const Style& style);
 
 /// The body of GET /v1/models as an aligned table with a header row.

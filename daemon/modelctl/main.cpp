@@ -173,8 +173,8 @@ bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream&
   }
 }
 
-// What deploy and pull start: POST `body` to `target`, a record called `noun` ("deployment",
-// "pull") whose progress is announced as `doing` ("Deploying", "Pulling").
+// What deploy, pull and stop start: POST `body` to `target`, a record called `noun` ("deployment",
+// "pull", "stop") whose progress is announced as `doing` ("Deploying", "Pulling", "Stopping").
 struct Start {
   std::string target, body;
   std::string noun, doing;
@@ -226,6 +226,8 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
     if (auto sw = modelctl::switch_text(*f); !sw.empty()) fmt::print("Switch: {}\n", sw);
     if (state == "succeeded" && !changed && s.noun == "deployment")
       fmt::print("{} {} {}: {} already serving, nothing to do\n", noun, id, c.style.state(state), name);
+    else if (state == "succeeded" && !changed && s.noun == "stop")
+      fmt::print("{} {} {}: {} was not in service, nothing to do\n", noun, id, c.style.state(state), name);
     else if (state == "succeeded")
       fmt::print("{} {} {}{}\n", noun, id, c.style.state(state),
                  s.noun == "pull" && !changed ? " (already on disk and verified)" : "");
@@ -254,6 +256,11 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, const DeployOptio
 int cmd_pull(Context& c, const std::string& name, bool wait) {
   return start_record(c, name, wait,
                       {"/v1/models/" + modeld::util::url_encode_segment(name) + "/pull", "", "pull", "Pulling"});
+}
+
+int cmd_stop(Context& c, const std::string& name, bool wait) {
+  return start_record(c, name, wait,
+                      {"/v1/models/" + modeld::util::url_encode_segment(name) + "/stop", "", "stop", "Stopping"});
 }
 
 int cmd_cancel(Context& c) {
@@ -374,8 +381,8 @@ struct CommandLine {
   std::string socket;
   bool json_output = false;
   CLI::App *status = nullptr, *models = nullptr, *deploy = nullptr, *cancel = nullptr, *plan = nullptr,
-           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr, *pull = nullptr;
-  std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name, pull_name;
+           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr, *pull = nullptr, *stop = nullptr;
+  std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name, pull_name, stop_name;
   std::string deploy_commit, rm_commit;
   bool wait = false, allow_downtime = false, restart = false, follow = false;
 };
@@ -393,7 +400,7 @@ void define_commands(CLI::App& app, CommandLine& cl) {
     s->fallthrough();  // global options may also come after the command
     return s;
   };
-  cl.status = sub("status", "show the daemon, the active model and the current deployment");
+  cl.status = sub("status", "show the daemon, the models in service and the current deployment");
   cl.models = sub("models", "list configured models and their on-disk state");
   cl.deploy = sub("deploy", "start a deployment of a model");
   cl.deploy->add_option("NAME", cl.deploy_name, "model to deploy")->required()->check(kModelName);
@@ -407,6 +414,9 @@ void define_commands(CLI::App& app, CommandLine& cl) {
   cl.pull = sub("pull", "download and verify a model ahead, touching no service");
   cl.pull->add_option("NAME", cl.pull_name, "model to pull")->required()->check(kModelName);
   cl.pull->add_flag("--wait", cl.wait, "follow the pull to its end");
+  cl.stop = sub("stop", "take a model out of service, keeping its files and every other service");
+  cl.stop->add_option("NAME", cl.stop_name, "model to stop")->required()->check(kModelName);
+  cl.stop->add_flag("--wait", cl.wait, "follow the stop to its end");
   cl.cancel = sub("cancel", "cancel the running deployment");
   cl.plan = sub("plan", "dry run: what a deployment would fetch and evict");
   cl.plan->add_option("NAME", cl.plan_name, "model")->required()->check(kModelName);
@@ -443,6 +453,7 @@ int run_command(CommandLine& cl) {
   if (cl.deploy->parsed())
     return cmd_deploy(c, cl.deploy_name, cl.wait, {cl.allow_downtime, cl.restart, cl.deploy_commit});
   if (cl.pull->parsed()) return cmd_pull(c, cl.pull_name, cl.wait);
+  if (cl.stop->parsed()) return cmd_stop(c, cl.stop_name, cl.wait);
   if (cl.cancel->parsed()) return cmd_cancel(c);
   if (cl.plan->parsed()) return cmd_plan(c, cl.plan_name, cl.allow_downtime);
   if (cl.verify->parsed()) return cmd_verify(c, cl.verify_name);

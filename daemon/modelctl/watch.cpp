@@ -60,14 +60,21 @@ std::string active_text(const json& active) {
                      short_commit(active.value("commit", json())), active.value("port", 0), str(active, "since"));
 }
 
-// A finished deployment in one line: "ID of MODEL succeeded" or "... failed in phase P: code: message".
+// A finished deployment in one line: "ID of MODEL succeeded" or "... failed in phase P: code: message"
+// ("pull ID ...", "stop ID ..." for a record of another kind).
 std::string result_text(const json& d) {
   std::string state = str(d, "state");
-  std::string out = fmt::format("{} of {} {}", str(d, "id"), str(d, "model"), state);
+  std::string out = fmt::format("{}{} of {} {}", kind_prefix(d), str(d, "id"), str(d, "model"), state);
   if (state != "succeeded") out += fmt::format(" in phase {}", str(d, "phase"));
   if (const auto& e = d.value("error", json()); e.is_object())
     out += fmt::format(": {}: {}", str(e, "code"), str(e, "message"));
   return out;
+}
+
+// "deployment " or the record's kind ("pull ", "stop "), to go before its id.
+std::string noun_before_id(const json& d) {
+  auto kind = kind_prefix(d);
+  return kind.empty() ? "deployment " : kind;
 }
 
 class Watcher {
@@ -92,11 +99,13 @@ class Watcher {
       plain(fmt::format("modeld {} at {}{}", str(status_.value("daemon", json()), "version"), daemon_.socket_path(),
                         o_.model.empty() ? "" : ", model " + o_.model));
       plain("active: " + active_text(status_.value("active", json())));
+      if (auto services = services_line(status_.value("services", json())); !services.empty())
+        plain("services: " + services);
       if (!deployment_.is_object())
         plain("no deployment yet");
       else if (str(deployment_, "state") == "running")
-        plain(fmt::format("deployment {} of {} running, phase {}", str(deployment_, "id"), str(deployment_, "model"),
-                          str(deployment_, "phase")));
+        plain(fmt::format("{}{} of {} running, phase {}", noun_before_id(deployment_), str(deployment_, "id"),
+                          str(deployment_, "model"), str(deployment_, "phase")));
       else
         plain_result("last deployment ");
     }
@@ -233,6 +242,8 @@ class Watcher {
     lines.push_back(fmt::format("{} {} at {}{}", o_.style.bold("modeld"), str(status_.value("daemon", json()), "version"),
                                 daemon_.socket_path(), o_.model.empty() ? "" : ", model " + o_.model));
     lines.push_back("Active:      " + active_text(status_.value("active", json())));
+    if (auto services = services_line(status_.value("services", json())); !services.empty())
+      lines.push_back("Services:    " + services);
     const bool running = deployment_.is_object() && str(deployment_, "state") == "running";
     if (deployment_.is_object()) {
       for (auto& line : deployment_lines(deployment_, o_.style, columns)) lines.push_back(std::move(line));

@@ -11,12 +11,14 @@
 #include "util/quantities.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cctype>
 #include <cstdlib>
@@ -118,7 +120,8 @@ constexpr std::string_view kMetricsKeys[] = {"listen", "max_connections", "per_a
 constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
 constexpr std::string_view kServeKeys[] = {
-    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_memory", "warm"};
+    "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_ids",
+    "gpu_memory", "warm"};
 constexpr std::string_view kHealthKeys[] = {
     "path", "models_path", "completion", "api_key_file", "stall_timeout", "watch_interval",
     "watch_failures"};
@@ -258,10 +261,26 @@ bool valid_listen_address(std::string_view listen) {
   });
 }
 
-// Checks one file's tree and fills a Config, recording every problem with its position.
+// The highest NVML index serve.gpu_ids may name: 64 GPUs per host, well beyond any host built today.
+constexpr std::int64_t kMaxGpuIndex = 63;
+
+// Where a model's port is decided, kept for the check across models (check_shared_ports).
+struct PortSite {
+  std::string model;
+  fs::path file;
+  int line = 0;    // of the port key, or of the serve table when the port is the default
+  int column = 0;
+  bool written = false;  // serve.port is written (else the default)
+  std::uint16_t port = 0;
+  GpuSet gpus;
+};
+
+// Checks one file's tree and fills a Config, recording every problem with its position and, for
+// each model added whose port and GPU set are valid, where its port is (`sites`).
 class Checker {
  public:
-  Checker(fs::path file, std::vector<Problem>& problems) : file_(std::move(file)), problems_(problems) {}
+  Checker(fs::path file, std::vector<Problem>& problems, std::vector<PortSite>& sites)
+      : file_(std::move(file)), problems_(problems), sites_(sites) {}
 
   void problem(const toml::source_region& where, std::string message) {
     problems_.push_back(Problem{file_, static_cast<int>(where.begin.line),
@@ -532,7 +551,70 @@ class Checker {
                           out.per_address_connections, out.max_connections));
   }
 
-  void check_serve(const toml::table& t, const std::string& prefix, const std::string& header, ServeConfig& out) {
+  // serve.gpu_ids: an array of distinct NVML indices 0..63, kept in the order written (it becomes
+  // CUDA device 0, 1, ...). Returns false only when the key is present and wrong.
+  bool read_gpu_ids(const toml::table& t, const std::string& name, GpuSet& out) {
+    const toml::node* node = t.get("gpu_ids");
+    if (node == nullptr) return true;
+    const toml::array* array = node->as_array();
+    if (array == nullptr) {
+      type_problem(*node, "an array of GPU indices (integers 0..63)", name);
+      return false;
+    }
+    std::vector<unsigned> ids;
+    std::array<std::size_t, kMaxGpuIndex + 1> first_at{};  // 1 + the array index naming each GPU
+    bool ok = true;
+    for (std::size_t i = 0; i < array->size(); ++i) {
+      const toml::node& item = *array->get(i);
+      std::string item_name = fmt::format("{}[{}]", name, i);
+      const auto* v = item.as_integer();
+      if (v == nullptr) {
+        type_problem(item, "an integer (an NVML GPU index)", item_name);
+        ok = false;
+      } else if (v->get() < 0 || v->get() > kMaxGpuIndex) {
+        problem(item.source(), fmt::format("{} must be an NVML GPU index between 0 and {}, got {}", item_name,
+                                           kMaxGpuIndex, v->get()));
+        ok = false;
+      } else if (auto id = static_cast<unsigned>(v->get()); first_at[id] != 0) {
+        problem(item.source(), fmt::format("{} = {} repeats {}[{}]: name each GPU once", item_name, id, name,
+                                           first_at[id] - 1));
+        ok = false;
+      } else {
+        first_at[id] = i + 1;
+        ids.push_back(id);
+      }
+    }
+    if (ok) out = std::move(ids);
+    return ok;
+  }
+
+  // With gpu_ids: serve.gpus is derived from its size when not written and must equal it when
+  // written, and serve.environment must not set CUDA_VISIBLE_DEVICES (modeld writes it from
+  // gpu_ids). `gpus_valid`: serve.gpus is absent or was read without a problem.
+  void check_gpu_set(const toml::table& t, const std::string& prefix, bool gpus_valid, ServeConfig& out) {
+    if (!out.gpu_ids) return;
+    const std::size_t n = out.gpu_ids->size();
+    if (!t.contains("gpus"))
+      out.gpus = static_cast<unsigned>(n);
+    else if (gpus_valid && out.gpus != n)
+      problem(t.get("gpus")->source(),
+              fmt::format("{0}.gpus = {1} but {0}.gpu_ids names {2} GPU{3}; leave gpus out, it is derived from "
+                          "gpu_ids",
+                          prefix, out.gpus, n, n == 1 ? "" : "s"));
+    const toml::table* env = t.get_as<toml::table>("environment");
+    if (env == nullptr) return;
+    if (auto it = env->find("CUDA_VISIBLE_DEVICES"); it != env->end())
+      problem(it->first.source(),
+              fmt::format("{0}.environment sets CUDA_VISIBLE_DEVICES although {0}.gpu_ids is set: modeld writes "
+                          "CUDA_VISIBLE_DEVICES from gpu_ids (by GPU UUID, since CUDA's own order is not NVML's); "
+                          "remove it from environment",
+                          prefix));
+  }
+
+  // Returns where the port is decided (the port key, else the table: the default), or nullopt
+  // when serve.port or serve.gpu_ids is wrong (then the check across models leaves it out).
+  std::optional<toml::source_region> check_serve(const toml::table& t, const std::string& prefix,
+                                                 const std::string& header, ServeConfig& out) {
     check_keys(t, header, kServeKeys);
     if (!t.contains("command"))
       problem(t.source(), fmt::format("missing required key 'command' in {}", header));
@@ -548,7 +630,7 @@ class Checker {
                               "{{served_name}}, {{port}})",
                               prefix, ph, arg));
     }
-    read_int(t, "port", prefix + ".port", out.port, 1, 65535);
+    const bool port_valid = read_int(t, "port", prefix + ".port", out.port, 1, 65535) || !t.contains("port");
     if (read(t, "served_name", prefix + ".served_name", out.served_name) && out.served_name.empty())
       problem(t.get("served_name")->source(), fmt::format("{}.served_name must not be empty", prefix));
     if (const toml::table* env = table(t, "environment", prefix + ".environment")) {
@@ -565,10 +647,14 @@ class Checker {
     }
     read_duration(t, "startup_timeout", prefix + ".startup_timeout", out.startup_timeout);
     read_duration(t, "stop_timeout", prefix + ".stop_timeout", out.stop_timeout);
-    read_int(t, "gpus", prefix + ".gpus", out.gpus, 0, 1024);
+    const bool gpus_valid = read_int(t, "gpus", prefix + ".gpus", out.gpus, 0, 1024) || !t.contains("gpus");
+    const bool gpu_ids_valid = read_gpu_ids(t, prefix + ".gpu_ids", out.gpu_ids);
+    check_gpu_set(t, prefix, gpus_valid, out);
     read_size(t, "gpu_memory", prefix + ".gpu_memory", out.gpu_memory);
     if (read(t, "warm", prefix + ".warm", out.warm) && out.warm != "auto" && out.warm != "off")
       problem(t.get("warm")->source(), fmt::format("{}.warm must be \"auto\" or \"off\", got \"{}\"", prefix, out.warm));
+    if (!port_valid || !gpu_ids_valid) return std::nullopt;
+    return t.contains("port") ? t.get("port")->source() : t.source();
   }
 
   void check_health(const toml::table& t, const std::string& prefix, const std::string& header, HealthConfig& out) {
@@ -598,8 +684,9 @@ class Checker {
     read_int(t, "max_tokens", prefix + ".max_tokens", out.max_tokens, 1, 1'000'000);
   }
 
-  // Checks one [models.NAME] table; returns the model (problems, if any, are recorded).
-  ModelConfig check_model(const std::string& name, const toml::table& t) {
+  // Checks one [models.NAME] table; returns the model (problems, if any, are recorded) and sets
+  // `port_at` to where its port is decided (nullopt: no valid serve table, port or gpu_ids).
+  ModelConfig check_model(const std::string& name, const toml::table& t, std::optional<toml::source_region>& port_at) {
     ModelConfig m;
     m.name = name;
     m.source_file = file_;
@@ -629,7 +716,7 @@ class Checker {
     read(t, "pinned", prefix + ".pinned", m.pinned);
 
     if (const toml::table* serve = table(t, "serve", prefix + ".serve"))
-      check_serve(*serve, prefix + ".serve", "[models." + toml_key(name) + ".serve]", m.serve);
+      port_at = check_serve(*serve, prefix + ".serve", "[models." + toml_key(name) + ".serve]", m.serve);
     else if (!t.contains("serve") && !split_name)
       problem(t.source(), fmt::format("missing required table [models.{}.serve] (with its command)", toml_key(name)));
     if (m.serve.served_name.empty()) m.serve.served_name = name;
@@ -658,11 +745,18 @@ class Checker {
         type_problem(node, "a table", "models." + name);
         continue;
       }
-      ModelConfig model = check_model(name, *t);
+      std::optional<toml::source_region> port_at;
+      ModelConfig model = check_model(name, *t, port_at);
       if (const ModelConfig* earlier = config.find_model(name)) {
         problem(key.source(), fmt::format("model '{}' is defined twice: in {} and in {}", name,
                                           earlier->source_file.string(), file_.string()));
         continue;
+      }
+      if (port_at) {
+        const bool written = t->get_as<toml::table>("serve")->contains("port");
+        sites_.push_back(PortSite{name, file_, static_cast<int>(port_at->begin.line),
+                                  static_cast<int>(port_at->begin.column), written, model.serve.port,
+                                  model.serve.gpu_ids});
       }
       config.models.emplace(name, std::move(model));
     }
@@ -694,6 +788,7 @@ class Checker {
  private:
   fs::path file_;
   std::vector<Problem>& problems_;
+  std::vector<PortSite>& sites_;
 };
 
 // Parses `file`; on failure records the parse error at its position and returns nullopt.
@@ -706,6 +801,40 @@ std::optional<toml::table> parse(const fs::path& file, std::vector<Problem>& pro
     if (begin.line == 0) message = "cannot read: " + message;
     problems.push_back(Problem{file, static_cast<int>(begin.line), static_cast<int>(begin.column), message});
     return std::nullopt;
+  }
+}
+
+// A GPU set as messages name it.
+std::string gpu_set_text(const GpuSet& gpus) {
+  if (!gpus) return "every GPU (no gpu_ids)";
+  if (gpus->empty()) return "no GPU (gpu_ids = [])";
+  return fmt::format("gpu_ids [{}]", fmt::join(*gpus, ", "));
+}
+
+// The models of one file (sites[from..]) against every model read before them (earlier files,
+// and earlier in this file by position): two models with equal ports whose GPU sets do not
+// overlap may serve together and cannot both listen, a problem at the later one's port naming the
+// other. Models whose GPU sets overlap never serve together and may share a port.
+void check_shared_ports(std::vector<PortSite>& sites, std::size_t from, std::vector<Problem>& problems) {
+  auto by_position = [](const PortSite& a, const PortSite& b) {
+    return std::pair(a.line, a.column) < std::pair(b.line, b.column);
+  };
+  std::sort(sites.begin() + static_cast<std::ptrdiff_t>(from), sites.end(), by_position);
+  for (std::size_t j = from; j < sites.size(); ++j) {
+    const PortSite& later = sites[j];
+    for (std::size_t i = 0; i < j; ++i) {
+      const PortSite& earlier = sites[i];
+      if (earlier.port != later.port || gpu_sets_overlap(earlier.gpus, later.gpus)) continue;
+      std::string key = later.written ? fmt::format("models.{}.serve.port = {}", later.model, later.port)
+                                      : fmt::format("models.{}.serve.port (default {})", later.model, later.port);
+      problems.push_back(Problem{
+          later.file, later.line, later.column,
+          fmt::format("{} is also the port of model '{}' ({}:{}), and their GPU sets do not overlap ({} here, "
+                      "{} there): they may serve together but cannot both listen on port {}; give one of them "
+                      "another port",
+                      key, earlier.model, earlier.file.string(), earlier.line, gpu_set_text(later.gpus),
+                      gpu_set_text(earlier.gpus), later.port)});
+    }
   }
 }
 
@@ -732,8 +861,10 @@ LoadResult load(const fs::path& file, const Environment& env) {
   }
 
   bool endpoint_set = false;
+  std::vector<PortSite> sites;  // every model's port, in the order files and models are read
   if (auto root = parse(file, problems)) {
-    endpoint_set = Checker(file, problems).check_main(*root, config);
+    endpoint_set = Checker(file, problems, sites).check_main(*root, config);
+    check_shared_ports(sites, 0, problems);
     sort_by_position(problems, 0);
   }
 
@@ -748,7 +879,11 @@ LoadResult load(const fs::path& file, const Environment& env) {
     std::sort(files.begin(), files.end());
     for (const fs::path& f : files) {
       std::size_t first = problems.size();
-      if (auto root = parse(f, problems)) Checker(f, problems).check_model_file(*root, config);
+      std::size_t first_site = sites.size();
+      if (auto root = parse(f, problems)) {
+        Checker(f, problems, sites).check_model_file(*root, config);
+        check_shared_ports(sites, first_site, problems);
+      }
       sort_by_position(problems, first);
     }
   }

@@ -80,9 +80,12 @@ struct ServeConfig {
   std::map<std::string, std::string> environment;  ///< written into the drop-in: no secrets
   milliseconds startup_timeout = std::chrono::minutes(60);
   milliseconds stop_timeout = std::chrono::minutes(5);
-  unsigned gpus = 0;               ///< GPUs the server takes (the first N NVML lists, or gpu_ids' size); 0: no GPU check
-  /// serve.gpu_ids: the GPUs (NVML indices) the server may use, written into its drop-in as
-  /// CUDA_VISIBLE_DEVICES by UUID; nullopt (unset): every GPU, as before; empty: no GPU.
+  /// GPUs the server takes: without gpu_ids the first N that NVML lists (0: no GPU check); with
+  /// gpu_ids its size (load() derives it when serve.gpus is not written and refuses a different one).
+  unsigned gpus = 0;
+  /// serve.gpu_ids: the GPUs (NVML indices 0..63, each at most once, in the order written: CUDA
+  /// device 0, 1, ...) the server may use, written into its drop-in as CUDA_VISIBLE_DEVICES by
+  /// UUID; nullopt (unset): every GPU, as before; empty: no GPU. A whole GPU each (no MIG instances).
   std::optional<std::vector<unsigned>> gpu_ids;
   std::uint64_t gpu_memory = 0;    ///< bytes that must be free on each of them before launch; 0: any
   /// "auto": warming reads the checkpoint into the page cache before the switch; "off": it does not.
@@ -176,6 +179,10 @@ Environment environment_from_process();
 /// found (never stops at the first), each file's in the order they appear in it; `config` is set
 /// only when there is no problem. A missing main file is a problem with line 0. A model defined in
 /// two files is a problem naming both; anything but [models.*] in a models.d file is a problem.
+/// Across models: two models with equal serve.port whose GPU sets do not overlap
+/// (gpu_sets_overlap) are a problem at the port of the one read later (the main file first, then
+/// models.d by name; in a file by position; the serve table when the port is the default), naming
+/// the other and its file:line. Reads the files (blocks): call it off the event loop.
 struct LoadResult {
   std::optional<Config> config;
   std::vector<Problem> problems;

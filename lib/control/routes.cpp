@@ -7,12 +7,14 @@
 #include "util/json.hpp"
 
 #include "deploy/deployment.hpp"
+#include "deploy/started.hpp"
 #include "sys/log.hpp"
 #include "util/text.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <limits>
@@ -45,12 +47,31 @@ json active_json(const std::optional<deploy::Active>& a) {
               {"port", a->port},   {"since", a->since}};
 }
 
-// GET /v1/status "watchdog": the active model's record, null when nothing watches it.
-json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Active>& active) {
+// GET /v1/status "watchdog": the active model's record, null when nothing watches it. It is the
+// watchdog of the active model's entry in `services` when there is one; else the record of the
+// model watched now (the first of engine.watchdogs()) when that is the active model.
+json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Active>& active,
+                   const std::vector<deploy::ServiceInfo>& services) {
   if (!active) return nullptr;
+  for (const auto& s : services)
+    if (s.model == active->model) return s.watchdog ? deploy::to_json(*s.watchdog) : json(nullptr);
   auto all = engine.watchdogs();
   if (all.empty() || all.front().model != active->model) return nullptr;
   return deploy::to_json(all.front());
+}
+
+// GET /v1/status "services": every service in service, in the order put into service.
+json services_json(const std::vector<deploy::ServiceInfo>& services) {
+  json out = json::array();
+  for (const auto& s : services)
+    out.push_back({{"model", s.model},
+                   {"commit", s.commit},
+                   {"unit", s.unit},
+                   {"port", s.port},
+                   {"gpu_ids", s.gpu_ids ? json(*s.gpu_ids) : json(nullptr)},
+                   {"since", s.since},
+                   {"watchdog", s.watchdog ? deploy::to_json(*s.watchdog) : json(nullptr)}});
+  return out;
 }
 
 json revisions_json(const std::vector<deploy::RevisionInfo>& revisions) {
@@ -208,8 +229,10 @@ Response get_status(deploy::Engine& engine) {
   json body;
   body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", engine.uptime_s()}};
   auto active = engine.active();
+  const auto services = engine.services();
   body["active"] = active_json(active);
-  body["watchdog"] = watchdog_json(engine, active);
+  body["services"] = services_json(services);
+  body["watchdog"] = watchdog_json(engine, active, services);
   auto cur = engine.current();
   body["deployment"] = cur ? deploy::to_json(*cur) : json(nullptr);
   return json_response(200, body);
@@ -242,6 +265,13 @@ Response start_pull(const std::string& model, deploy::Engine& engine) {
   r.model = model;
   r.kind = deploy::Kind::pull;
   auto d = engine.start(r);
+  if (!d) return error_for(d.error());
+  return json_response(202, deploy::to_json(*d));
+}
+
+// POST /v1/models/{name}/stop: a record of kind stop (its body, if any, is not read).
+Response start_stop(const std::string& model, deploy::Engine& engine) {
+  auto d = engine.stop(model);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
@@ -412,9 +442,21 @@ void check_metrics(std::string& out, const MetricCounters& counters) {
   out += fmt::format("modeld_config_last_reload_successful {}\n", counters.last_reload_ok.value_or(true) ? 1 : 0);
 }
 
+// The watchdog records of every model watched since the daemon started (engine.watchdogs()),
+// and of each service in service that engine.watchdogs() leaves out: one per model.
+std::vector<deploy::WatchdogStatus> watched_models(const deploy::Engine& engine) {
+  auto watched = engine.watchdogs();
+  for (const auto& s : engine.services()) {
+    if (!s.watchdog) continue;
+    auto same = [&](const deploy::WatchdogStatus& w) { return w.model == s.model; };
+    if (std::none_of(watched.begin(), watched.end(), same)) watched.push_back(*s.watchdog);
+  }
+  return watched;
+}
+
 // The post-deploy watchdog, one series per model watched since the daemon started.
 void watchdog_metrics(std::string& out, const deploy::Engine& engine) {
-  const auto watched = engine.watchdogs();
+  const auto watched = watched_models(engine);
   auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
     if (watched.empty()) return;
     family(out, name, type, help);
@@ -433,6 +475,21 @@ void watchdog_metrics(std::string& out, const deploy::Engine& engine) {
             });
   per_model("modeld_readiness_probe_seconds", "gauge", "How long the last watchdog probe took, in seconds.",
             [](const deploy::WatchdogStatus& w) { return w.last_probe_seconds; });
+}
+
+// The active model (the service put into service last) and every service in service.
+void service_metrics(std::string& out, const deploy::Engine& engine) {
+  family(out, "modeld_active_model_info", "gauge",
+         "The model in service (of several, the one put into service last), its commit and its unit.");
+  if (auto a = engine.active())
+    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
+                       label_value(a->model), label_value(a->commit), label_value(a->unit));
+  family(out, "modeld_service_info", "gauge",
+         "Each model in service: its commit, unit, the port and GPU ids (NVML indices; all, none) it was started with.");
+  for (const auto& s : engine.services())
+    out += fmt::format("modeld_service_info{{model=\"{}\",commit=\"{}\",unit=\"{}\",port=\"{}\",gpu_ids=\"{}\"}} 1\n",
+                       label_value(s.model), label_value(s.commit), label_value(s.unit), s.port,
+                       label_value(deploy::gpu_list(s.gpu_ids)));
 }
 
 // The benchmark of each model's newest deployment that measured one.
@@ -460,10 +517,7 @@ std::string metrics_text(const deploy::Engine& engine, const MetricCounters& cou
   deployment_metrics(out, engine, counters);
   switch_metrics(out, counters.switches);
   check_metrics(out, counters);
-  family(out, "modeld_active_model_info", "gauge", "The model in service, its commit and its unit.");
-  if (auto a = engine.active())
-    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
-                       label_value(a->model), label_value(a->commit), label_value(a->unit));
+  service_metrics(out, engine);
   watchdog_metrics(out, engine);
   benchmark_metrics(out, engine);
   return out;
@@ -559,6 +613,7 @@ json plan_json(const deploy::PlanReport& p) {
               {"shortfall_bytes", p.shortfall_bytes},
               {"allow_downtime", p.allow_downtime},
               {"active_model", util::or_null(p.active_model)},
+              {"stops", p.stops},
               {"rollback_possible", p.rollback_possible},
               {"warming", p.warming},
               {"fits_with_allow_downtime", p.fits_with_allow_downtime}};
@@ -582,15 +637,15 @@ json removal_json(const deploy::Removal& r) {
 namespace {
 
 // The model routes that await the engine: /v1/models/{name}/plan, /v1/models/{name}/verify,
-// /v1/models/{name}/pull,
-// /v1/models/{name}. nullopt when the request is not one of them.
+// /v1/models/{name}/pull, /v1/models/{name}/stop, /v1/models/{name}. nullopt when the request is not one of them.
 std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
   const auto parts = split_path(path);
   if (parts.size() < 3 || parts.size() > 4 || parts[0] != "v1" || parts[1] != "models") return std::nullopt;
   auto name = decode_segment(parts[2]);
   if (!name) return std::nullopt;
   std::string action = parts.size() == 4 ? std::string(parts[3]) : std::string();
-  if (!action.empty() && action != "plan" && action != "verify" && action != "pull") return std::nullopt;
+  if (!action.empty() && action != "plan" && action != "verify" && action != "pull" && action != "stop")
+    return std::nullopt;
   return std::pair{std::move(*name), std::move(action)};
 }
 
@@ -655,6 +710,11 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     co_return start_pull(name, engine);
+  }
+  if (action == "stop") {
+    if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
+    if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+    co_return start_stop(name, engine);
   }
   if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
   if (!access.allows(peer)) co_return forbidden(req, path, peer, access);

@@ -72,8 +72,8 @@ class HubReads;
 /// Answers one request like handle(), and also the routes whose work takes time and runs
 /// through the engine's coroutines: GET /v1/models (the store walk, off the event loop),
 /// GET /v1/models/{name}/plan[?allow_downtime=true] (read),
-/// POST /v1/models/{name}/verify and DELETE /v1/models/{name} (mutating: root and control.group
-/// only). The server calls this; handle() alone answers those routes 404. With `hub_reads`, a
+/// POST /v1/models/{name}/verify, /pull, /stop and DELETE /v1/models/{name} (mutating: root and
+/// control.group only). The server calls this; handle() alone answers those routes 404. With `hub_reads`, a
 /// plan beyond the peer's share of it is answered 429 too_many_requests (Retry-After: 1).
 boost::asio::awaitable<Response> handle_async(Request request, Peer peer, deploy::Engine& engine,
                                               const Access& access, HubReads* hub_reads = nullptr);
@@ -111,9 +111,10 @@ std::string metrics_text(const deploy::Engine& engine);
 /// modeld_phase_duration_seconds{phase} (the last run's), modeld_phase_seconds_total{phase},
 /// modeld_phase_runs_total{phase}, modeld_download_bytes_total,
 /// modeld_download_rate_bytes_per_second, modeld_verification_failures_total{source},
-/// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit}, the
-/// watchdog's series (modeld_readiness_probe_seconds{model} ...), the benchmark's, and the
-/// switches' (modeld_switch_downtime_seconds{model}, modeld_switch_downtimes_seconds).
+/// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit} (the service
+/// put into service last), modeld_service_info{model,commit,unit,port,gpu_ids} (each service), the
+/// watchdog's series (modeld_readiness_probe_seconds{model} ..., each model watched), the
+/// benchmark's, and the switches' (modeld_switch_downtime_seconds{model}, modeld_switch_downtimes_seconds).
 std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters);
 
 }  // namespace modeld::control

@@ -18,6 +18,55 @@ def test_the_shipped_example_configuration_is_valid():
     assert r.returncode == 0, r.stderr
 
 
+def test_the_model_examples_are_valid_together_once_renamed(tmp_path: Path):
+    # Kimi-K2.5 on every GPU, MiniMax-M2.5 on GPUs 0-3 and Qwen3 on GPUs 4-7, as shipped.
+    (tmp_path / "modeld.toml").write_text((SOURCE_DIR / "config" / "modeld.toml").read_text())
+    (tmp_path / "models.d").mkdir()
+    names = []
+    for f in sorted((SOURCE_DIR / "config" / "models.d").iterdir()):
+        if f.name.endswith(".toml") or f.name.endswith(".toml.example"):
+            name = f.name.removesuffix(".example")
+            (tmp_path / "models.d" / name).write_text(f.read_text())
+            names.append(name)
+    assert names == ["kimi-k2-5.toml", "minimax-m2-5.toml", "qwen3-235b.toml"]
+    r = subprocess.run([MODELD, "--check-config", "--config", str(tmp_path / "modeld.toml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "3 model(s)" in r.stdout, r.stdout
+
+
+def _model(name: str, serve: str) -> str:
+    return f'[models.{name}]\nrepo = "org/{name}"\n[models.{name}.serve]\ncommand = ["x"]\n{serve}'
+
+
+def test_check_config_refuses_one_port_for_models_on_disjoint_gpus_naming_both(tmp_path: Path):
+    cfg = tmp_path / "modeld.toml"
+    cfg.write_text("[daemon]\n")
+    (tmp_path / "models.d").mkdir()
+    a = tmp_path / "models.d" / "a.toml"
+    b = tmp_path / "models.d" / "b.toml"
+    a.write_text(_model("low", "gpu_ids = [0, 1, 2, 3]\nport = 8000\n"))
+    b.write_text(_model("high", "gpu_ids = [4, 5, 6, 7]\nport = 8000\n"))
+    r = subprocess.run([MODELD, "--check-config", "--config", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"{b}:6:8: models.high.serve.port = 8000 is also the port of model 'low' ({a}:6)" in r.stderr, r.stderr
+    # Overlapping GPU sets never serve together: the same port is fine.
+    b.write_text(_model("high", "gpu_ids = [3, 4]\nport = 8000\n"))
+    r = subprocess.run([MODELD, "--check-config", "--config", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_check_config_refuses_cuda_visible_devices_beside_gpu_ids(tmp_path: Path):
+    cfg = tmp_path / "modeld.toml"
+    cfg.write_text(_model("m", 'gpu_ids = [0]\nenvironment = { CUDA_VISIBLE_DEVICES = "0" }\n'))
+    r = subprocess.run([MODELD, "--check-config", "--config", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"{cfg}:6:17:" in r.stderr and "CUDA_VISIBLE_DEVICES" in r.stderr, r.stderr
+    cfg.write_text(_model("m", 'environment = { CUDA_VISIBLE_DEVICES = "0" }\n'))
+    r = subprocess.run([MODELD, "--check-config", "--config", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_typo_in_the_configuration_names_file_line_column_and_key(tmp_path: Path):
     cfg = tmp_path / "modeld.toml"
     cfg.write_text('[daemon]\nmodels_dir = "/srv/models"\n\n[hub]\nparalel_files = 4\n')

@@ -192,6 +192,7 @@ def test_a_fresh_install_enables_the_units_and_starts_with_no_models(env):
     # The conffiles, as dpkg recorded them.
     conffiles = env.ok("dpkg-query", "-W", "-f", "${Conffiles}", "modeld")
     assert "/etc/modeld/modeld.toml" in conffiles and "kimi-k2-5.toml.example" in conffiles
+    assert "qwen3-235b.toml.example" in conffiles
 
 
 @pytest.mark.skipif(shutil.which("lintian") is None, reason="lintian is missing (scripts/install-deps.sh)")
@@ -206,11 +207,12 @@ def test_lintian_finds_no_errors_in_either_package(env):
 def test_the_model_examples_are_valid_once_renamed(env, tmp_path):
     (tmp_path / "models.d").mkdir()
     shutil.copy(SOURCE_DIR / "config" / "modeld.toml", tmp_path / "modeld.toml")
-    for name in ("kimi-k2-5", "minimax-m2-5"):
+    # Kimi-K2.5 on every GPU, MiniMax-M2.5 on GPUs 0-3 and Qwen3 on 4-7 (its own port): valid together.
+    for name in ("kimi-k2-5", "minimax-m2-5", "qwen3-235b"):
         text = env.ok("cat", f"/etc/modeld/models.d/{name}.toml.example")
         (tmp_path / "models.d" / f"{name}.toml").write_text(text)
     out = env.ok("/usr/bin/modeld", "--check-config", "--config", str(tmp_path / "modeld.toml"))
-    assert "2 model(s)" in out, out
+    assert "3 model(s)" in out, out
 
 
 def test_a_deployment_runs_with_the_installed_programs_and_units(env):

@@ -743,3 +743,315 @@ TEST_CASE("serve.warm is auto or off, and daemon.warm_reserve a size left unset 
     CHECK(p->line == 6);
   }
 }
+
+// -- Several models on one host: serve.gpu_ids, serve.gpus derived from it, and the refusals
+// across models (interface.md "Several models on one host").
+
+namespace {
+
+// A model table named `name` whose serve table holds `serve` (lines after the command).
+std::string model_with(std::string_view name, std::string_view serve) {
+  return fmt::format("[models.{0}]\nrepo = \"org/{0}\"\n[models.{0}.serve]\ncommand = [\"x\"]\n{1}", name, serve);
+}
+
+}  // namespace
+
+TEST_CASE("serve.gpu_ids is read in the order written and serve.gpus is derived from its size") {
+  TempDir dir;
+  SECTION("a list: kept as written, gpus = its size") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpu_ids = [3, 1, 2, 0]\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    const ServeConfig& s = r.config->models.at("m").serve;
+    CHECK(s.gpu_ids == std::optional<std::vector<unsigned>>({3, 1, 2, 0}));
+    CHECK(s.gpus == 4);
+  }
+  SECTION("the whole range 0..63 is accepted") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpu_ids = [63, 0]\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.gpu_ids == std::optional<std::vector<unsigned>>({63, 0}));
+  }
+  SECTION("an empty list is a model using no GPU: gpus 0") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpu_ids = []\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    const ServeConfig& s = r.config->models.at("m").serve;
+    REQUIRE(s.gpu_ids.has_value());
+    CHECK(s.gpu_ids->empty());
+    CHECK(s.gpus == 0);
+  }
+  SECTION("without gpu_ids: every GPU, and gpus as written (nothing changes)") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpus = 8\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK_FALSE(r.config->models.at("m").serve.gpu_ids.has_value());
+    CHECK(r.config->models.at("m").serve.gpus == 8);
+  }
+  SECTION("gpus written and equal to the set's size is accepted") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpus = 2\ngpu_ids = [4, 5]\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.gpus == 2);
+  }
+}
+
+TEST_CASE("serve.gpus different from gpu_ids' size is a problem at the gpus key") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", model_with("m", "gpus = 2\ngpu_ids = [0, 1, 2, 3]\n"));
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.size() == 1);
+  const Problem& p = r.problems[0];
+  CHECK(p.file == main);
+  CHECK(p.line == 5);
+  CHECK(p.column == 8);
+  CHECK(p.message ==
+        "models.m.serve.gpus = 2 but models.m.serve.gpu_ids names 4 GPUs; leave gpus out, it is derived from gpu_ids");
+  CHECK_FALSE(r.config);
+
+  fs::path one = dir.write("modeld.toml", model_with("m", "gpus = 0\ngpu_ids = [7]\n"));
+  LoadResult r1 = load(one, Environment{});
+  REQUIRE(r1.problems.size() == 1);
+  CHECK(r1.problems[0].message ==
+        "models.m.serve.gpus = 0 but models.m.serve.gpu_ids names 1 GPU; leave gpus out, it is derived from gpu_ids");
+}
+
+TEST_CASE("a wrong gpu_ids is a problem at the element (or the key) naming it") {
+  TempDir dir;
+  auto only_problem = [&](std::string_view serve) {
+    LoadResult r = load(dir.write("modeld.toml", model_with("m", serve)), Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 1);
+    CHECK_FALSE(r.config);
+    return r.problems[0];
+  };
+  SECTION("an index past 63") {
+    Problem p = only_problem("gpu_ids = [0, 64]\n");
+    CHECK(p.line == 5);
+    CHECK(p.column == 15);
+    CHECK(p.message == "models.m.serve.gpu_ids[1] must be an NVML GPU index between 0 and 63, got 64");
+  }
+  SECTION("a negative index") {
+    Problem p = only_problem("gpu_ids = [-1]\n");
+    CHECK(p.line == 5);
+    CHECK(p.column == 12);
+    CHECK(p.message == "models.m.serve.gpu_ids[0] must be an NVML GPU index between 0 and 63, got -1");
+  }
+  SECTION("a GPU named twice") {
+    Problem p = only_problem("gpu_ids = [2, 3, 2]\n");
+    CHECK(p.line == 5);
+    CHECK(p.column == 18);
+    CHECK(p.message == "models.m.serve.gpu_ids[2] = 2 repeats models.m.serve.gpu_ids[0]: name each GPU once");
+  }
+  SECTION("an element that is not an integer") {
+    Problem p = only_problem("gpu_ids = [0, \"1\"]\n");
+    CHECK(p.column == 15);
+    CHECK(p.message == "expected an integer (an NVML GPU index) for models.m.serve.gpu_ids[1], got string");
+  }
+  SECTION("not an array") {
+    Problem p = only_problem("gpu_ids = \"0,1\"\n");
+    CHECK(p.line == 5);
+    CHECK(p.message == "expected an array of GPU indices (integers 0..63) for models.m.serve.gpu_ids, got string");
+  }
+  SECTION("a misspelt key gets the suggestion") {
+    Problem p = only_problem("gpu_id = [0]\n");
+    CHECK(p.message == "unknown key 'gpu_id' in [models.m.serve]; did you mean 'gpu_ids'?");
+  }
+}
+
+TEST_CASE("CUDA_VISIBLE_DEVICES in serve.environment is refused with gpu_ids and kept without") {
+  TempDir dir;
+  SECTION("with gpu_ids: a problem at the variable's key") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpu_ids = [0, 1]\nenvironment = { NCCL_DEBUG = \"WARN\", "
+                                                             "CUDA_VISIBLE_DEVICES = \"0,1\" }\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 1);
+    const Problem& p = r.problems[0];
+    CHECK(p.file == main);
+    CHECK(p.line == 6);
+    CHECK(p.column == 38);
+    CHECK(p.message ==
+          "models.m.serve.environment sets CUDA_VISIBLE_DEVICES although models.m.serve.gpu_ids is set: modeld "
+          "writes CUDA_VISIBLE_DEVICES from gpu_ids (by GPU UUID, since CUDA's own order is not NVML's); remove it "
+          "from environment");
+  }
+  SECTION("with an empty gpu_ids as well") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "gpu_ids = []\n[models.m.serve.environment]\n"
+                                                             "CUDA_VISIBLE_DEVICES = \"\"\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].line == 7);
+    CHECK(r.problems[0].column == 1);
+  }
+  SECTION("without gpu_ids: a hand-written value is the operator's and stays") {
+    fs::path main = dir.write("modeld.toml", model_with("m", "environment = { CUDA_VISIBLE_DEVICES = \"4,5\" }\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.environment.at("CUDA_VISIBLE_DEVICES") == "4,5");
+  }
+}
+
+TEST_CASE("two models on one port that may serve together are a problem at the later one's port") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[daemon]\n");
+  SECTION("in two files: at the later file's port, naming the other model and its file:line") {
+    fs::path a = dir.write("models.d/a.toml", model_with("first", "port = 8000\ngpu_ids = [0, 1, 2, 3]\n"));
+    fs::path b = dir.write("models.d/b.toml", model_with("second", "gpu_ids = [4, 5, 6, 7]\nport = 8000\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 1);
+    const Problem& p = r.problems[0];
+    CHECK(p.file == b);
+    CHECK(p.line == 6);
+    CHECK(p.column == 8);
+    CHECK(p.message == "models.second.serve.port = 8000 is also the port of model 'first' (" + a.string() +
+                           ":5), and their GPU sets do not overlap (gpu_ids [4, 5, 6, 7] here, gpu_ids [0, 1, 2, 3] "
+                           "there): they may serve together but cannot both listen on port 8000; give one of them "
+                           "another port");
+    CHECK_FALSE(r.config);
+  }
+  SECTION("in one file: the model written later is the one refused, whatever the names' order") {
+    fs::path m = dir.write("models.d/m.toml", model_with("zeta", "port = 9000\ngpu_ids = [0]\n") +
+                                                  model_with("alpha", "port = 9000\ngpu_ids = [1]\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].file == m);
+    CHECK(r.problems[0].line == 11);
+    CHECK(r.problems[0].message.starts_with("models.alpha.serve.port = 9000 is also the port of model 'zeta' (" +
+                                            m.string() + ":5)"));
+  }
+  SECTION("both on the default port: at the later serve table") {
+    dir.write("models.d/a.toml", model_with("first", "gpu_ids = [0]\n"));
+    fs::path b = dir.write("models.d/b.toml", model_with("second", "gpu_ids = [1]\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 1);
+    CHECK(r.problems[0].file == b);
+    CHECK(r.problems[0].line == 3);
+    CHECK(r.problems[0].message.starts_with("models.second.serve.port (default 8000) is also the port of model "
+                                            "'first' ("));
+  }
+  SECTION("models using no GPU, or no GPU and every GPU, may serve together") {
+    dir.write("models.d/a.toml", model_with("all", "port = 8000\n"));
+    fs::path b = dir.write("models.d/b.toml", model_with("cpu", "port = 8000\ngpu_ids = []\n"));
+    fs::path c = dir.write("models.d/c.toml", model_with("cpu2", "port = 8000\ngpu_ids = []\n"));
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 3);
+    CHECK(r.problems[0].file == b);
+    CHECK(r.problems[0].message.find("(no GPU (gpu_ids = []) here, every GPU (no gpu_ids) there)") !=
+          std::string::npos);
+    CHECK(r.problems[1].file == c);
+    CHECK(r.problems[1].message.find("model 'all'") != std::string::npos);
+    CHECK(r.problems[2].file == c);
+    CHECK(r.problems[2].message.find("model 'cpu'") != std::string::npos);
+  }
+  SECTION("the problem joins the file's others in the order of the file") {
+    fs::path a = dir.write("models.d/a.toml", model_with("first", "port = 8000\ngpu_ids = [0]\n"));
+    dir.write("models.d/b.toml", model_with("second", "port = 8000\ngpu_ids = [1]\nwarm = \"eager\"\n") +
+                                     "revison = \"main\"\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.problems.size() == 3);
+    CHECK(r.problems[0].line == 5);
+    CHECK(r.problems[1].line == 7);
+    CHECK(r.problems[2].line == 8);
+    CHECK(r.problems[0].message.find("'first' (" + a.string() + ":5)") != std::string::npos);
+  }
+}
+
+TEST_CASE("models that never serve together may share a port and models on other ports may serve together") {
+  TempDir dir;
+  fs::path main = dir.write("modeld.toml", "[daemon]\n");
+  SECTION("overlapping lists") {
+    dir.write("models.d/a.toml", model_with("first", "gpu_ids = [0, 1, 2, 3]\n"));
+    dir.write("models.d/b.toml", model_with("second", "gpu_ids = [3, 4]\n"));
+  }
+  SECTION("an all-GPU model and a list") {
+    dir.write("models.d/a.toml", model_with("first", "gpus = 8\n"));
+    dir.write("models.d/b.toml", model_with("second", "gpu_ids = [4, 5, 6, 7]\n"));
+  }
+  SECTION("models without gpu_ids, as every configuration before gpu_ids") {
+    dir.write("models.d/a.toml", model_with("first", ""));
+    dir.write("models.d/b.toml", model_with("second", "port = 8000\n"));
+    dir.write("models.d/c.toml", model_with("third", "environment = { CUDA_VISIBLE_DEVICES = \"1\" }\n"));
+  }
+  SECTION("disjoint lists on different ports") {
+    dir.write("models.d/a.toml", model_with("first", "gpu_ids = [0, 1, 2, 3]\n"));
+    dir.write("models.d/b.toml", model_with("second", "gpu_ids = [4, 5, 6, 7]\nport = 8001\n"));
+    dir.write("models.d/c.toml", model_with("cpu", "gpu_ids = []\nport = 8002\n"));
+  }
+  LoadResult r = load(main, Environment{});
+  INFO(dump(r));
+  CHECK(r.problems.empty());
+  CHECK(r.config);
+}
+
+TEST_CASE("gpu_sets_overlap: every GPU overlaps any set but the empty one and lists overlap on a shared index") {
+  const GpuSet all;
+  const GpuSet none = std::vector<unsigned>{};
+  const GpuSet low = std::vector<unsigned>{0, 1, 2, 3};
+  const GpuSet high = std::vector<unsigned>{7, 6, 5, 4};
+  const GpuSet three = std::vector<unsigned>{3};
+  CHECK(gpu_sets_overlap(all, all));
+  CHECK(gpu_sets_overlap(all, low));
+  CHECK(gpu_sets_overlap(high, all));
+  CHECK_FALSE(gpu_sets_overlap(all, none));
+  CHECK_FALSE(gpu_sets_overlap(none, all));
+  CHECK_FALSE(gpu_sets_overlap(none, none));
+  CHECK_FALSE(gpu_sets_overlap(low, high));
+  CHECK(gpu_sets_overlap(low, three));
+  CHECK(gpu_sets_overlap(three, low));
+  CHECK_FALSE(gpu_sets_overlap(three, high));
+}
+
+TEST_CASE("the shipped model examples load together once renamed: MiniMax on GPUs 0-3 beside Qwen on 4-7 and Kimi on all") {
+  TempDir dir;
+  const fs::path config = fs::path(MODELD_SOURCE_DIR) / "config";
+  fs::copy_file(config / "modeld.toml", dir.path / "modeld.toml");
+  fs::create_directories(dir.path / "models.d");
+  std::size_t copied = 0;
+  for (const auto& entry : fs::directory_iterator(config / "models.d")) {
+    std::string name = entry.path().filename().string();
+    if (name.ends_with(".toml.example"))
+      name.resize(name.size() - std::string_view(".example").size());
+    else if (!name.ends_with(".toml"))
+      continue;
+    fs::copy_file(entry.path(), dir.path / "models.d" / name);
+    ++copied;
+  }
+  LoadResult r = load(dir.path / "modeld.toml", Environment{});
+  INFO(dump(r));
+  REQUIRE(r.problems.empty());
+  REQUIRE(r.config);
+  CHECK(r.config->models.size() == copied);
+  CHECK(copied == 3);
+
+  const ModelConfig* kimi = r.config->find_model("kimi-k2-5");
+  REQUIRE(kimi != nullptr);
+  CHECK_FALSE(kimi->serve.gpu_ids.has_value());
+  CHECK(kimi->serve.gpus == 8);
+
+  const ModelConfig* minimax = r.config->find_model("minimax-m2-5");
+  REQUIRE(minimax != nullptr);
+  CHECK(minimax->serve.gpu_ids == std::optional<std::vector<unsigned>>({0, 1, 2, 3}));
+  CHECK(minimax->serve.gpus == 4);
+
+  const ModelConfig* qwen = r.config->find_model("qwen3-235b");
+  REQUIRE(qwen != nullptr);
+  CHECK(qwen->serve.gpu_ids == std::optional<std::vector<unsigned>>({4, 5, 6, 7}));
+  CHECK(qwen->serve.gpus == 4);
+  CHECK(qwen->serve.port != minimax->serve.port);
+  CHECK_FALSE(gpu_sets_overlap(qwen->serve.gpu_ids, minimax->serve.gpu_ids));
+  CHECK(gpu_sets_overlap(kimi->serve.gpu_ids, qwen->serve.gpu_ids));
+}

@@ -15,10 +15,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <vector>
 #include <regex>
@@ -234,6 +237,10 @@ TEST_CASE("every family of a full exposition is declared once before its samples
   w.model = "llama";
   w.last_probe_seconds = 0.02;
   e.watched = {w};
+  deploy::ServiceInfo other{"kimi-k2-5", "def", "modeld-serve@kimi-k2-5.service", 8001, std::vector<unsigned>{4, 5}, "x"};
+  other.watchdog = w;
+  other.watchdog->model = "kimi-k2-5";
+  e.in_service = {deploy::ServiceInfo{"llama", "abc", "modeld-serve@llama.service", 8000, std::nullopt, "x"}, other};
   MetricsCollector c(e);
   c.on_event(phase("d1", "planning"));
   c.on_event(phase("d1", "health_checking"));
@@ -243,6 +250,53 @@ TEST_CASE("every family of a full exposition is declared once before its samples
   CHECK_THAT(t, Catch::Contains(
                    "modeld_active_model_info{model=\"llama\",commit=\"abc\",unit=\"modeld-serve@llama.service\"} 1\n"));
   CHECK(sample(t, R"(modeld_readiness_probe_seconds{model="llama"})") == Approx(0.02));
+  CHECK(sample(t, R"(modeld_readiness_probe_seconds{model="kimi-k2-5"})") == Approx(0.02));
+  CHECK(sample(t, R"(modeld_service_info{model="kimi-k2-5",commit="def",unit="modeld-serve@kimi-k2-5.service",port="8001",gpu_ids="4,5"})") == 1);
+}
+
+namespace {
+
+// What `promtool check metrics` says about `text` (its exit status and output); promtool comes
+// with the Debian package prometheus that scripts/install-deps.sh installs.
+std::pair<int, std::string> promtool_check(const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("modeld-metrics-{}.txt", ::getpid());
+  {
+    std::ofstream f(path);
+    f << text;
+  }
+  std::string out;
+  FILE* p = ::popen(fmt::format("promtool check metrics < '{}' 2>&1", path.string()).c_str(), "r");
+  REQUIRE(p);
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  std::filesystem::remove(path);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+TEST_CASE("promtool accepts the exposition of several services, each watched, one active") {
+  FakeEngine e;
+  e.active_model = deploy::Active{"kimi-k2-5", "def", "modeld-serve@kimi-k2-5.service", 8001, "x"};
+  deploy::WatchdogStatus w;
+  w.model = "llama";
+  w.last_probe_seconds = 0.02;
+  deploy::ServiceInfo llama{"llama", "abc", "modeld-serve@llama.service", 8000, std::vector<unsigned>{0, 1, 2, 3}, "x"};
+  deploy::ServiceInfo kimi{"kimi-k2-5", "def", "modeld-serve@kimi-k2-5.service", 8001, std::vector<unsigned>{4, 5}, "x"};
+  llama.watchdog = w;
+  w.model = "kimi-k2-5";
+  kimi.watchdog = w;
+  e.in_service = {llama, kimi};
+  MetricsCollector c(e);
+  c.on_event(phase("d1", "planning"));
+  c.on_event(ended("d1", "succeeded"));
+  const auto t = c.text();
+  check_exposition(t);
+  CHECK(sample(t, R"(modeld_readiness_probe_seconds{model="kimi-k2-5"})") == Approx(0.02));
+  auto [status, out] = promtool_check(t);
+  INFO(out);
+  CHECK(status == 0);
 }
 
 // ---------------------------------------------------------------------------------------------

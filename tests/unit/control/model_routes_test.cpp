@@ -223,6 +223,33 @@ TEST_CASE("a pull is refused 403 to a stranger, 404 for an unknown model, 405 fo
   require_error(call(e, "POST", "/v1/models/kimi-k2-5/pull"), 409, "deployment_running");
 }
 
+TEST_CASE("a stop asks the engine to stop that model and answers 202 with the record of kind stop") {
+  FakeEngine e;
+  auto r = call(e, "POST", "/v1/models/llama/stop");
+  REQUIRE(r.status == 202);
+  const auto j = body_of(r);
+  CHECK(j["kind"] == "stop");
+  CHECK(j["model"] == "llama");
+  CHECK(j["id"] == "stop-llama");
+  CHECK(e.stops == std::vector<std::string>{"llama"});
+  CHECK(e.starts == 0);  // a stop is no deployment the engine starts
+}
+
+TEST_CASE("a stop is refused 403 to a stranger, 404 for an unknown model, 405 for GET, 409 while a record runs") {
+  FakeEngine e;
+  require_error(call(e, "POST", "/v1/models/llama/stop", stranger), 403, "forbidden");
+  CHECK(e.stops.empty());
+  auto get = call(e, "GET", "/v1/models/llama/stop");
+  CHECK(get.status == 405);
+  CHECK(get.headers == std::vector<std::pair<std::string, std::string>>{{"Allow", "POST"}});
+  CHECK(e.stops.empty());
+  require_error(call(e, "POST", "/v1/models/ghost/stop"), 404, "unknown_model");
+  CHECK(call(e, "POST", "/v1/models/llama/stop", root).status == 202);
+  // The stop runs: another stop is refused as a deploy would be (the real rule: deployer_test.cpp).
+  require_error(call(e, "POST", "/v1/models/kimi-k2-5/stop"), 409, "deployment_running");
+  CHECK(e.stops == std::vector<std::string>{"ghost", "llama", "kimi-k2-5"});
+}
+
 TEST_CASE("rm with ?commit= removes that revision, refuses the one in service and a malformed commit") {
   FakeEngine e;
   const std::string c(40, 'c');

@@ -52,6 +52,7 @@ TEST_CASE("status reports the daemon and nulls when nothing is active or was dep
   CHECK(j["daemon"]["version"] == MODELD_VERSION);
   CHECK(j["daemon"]["uptime_s"] == 12.5);
   CHECK(j["active"].is_null());
+  CHECK(j["services"] == json::array());
   CHECK(j["watchdog"].is_null());
   CHECK(j["deployment"].is_null());
 }
@@ -105,6 +106,62 @@ TEST_CASE("status shows the active model's watchdog with its counters and last r
     e.watched = {restarted_watchdog("kimi-k2-5")};
     CHECK(body_of(call(e, "GET", "/v1/status"))["watchdog"].is_null());
   }
+}
+
+namespace {
+
+deploy::ServiceInfo service(std::string model, std::uint16_t port, std::optional<std::vector<unsigned>> gpus) {
+  deploy::ServiceInfo s;
+  s.model = model;
+  s.commit = std::string(40, model[0]);
+  s.unit = "modeld-serve@" + model + ".service";
+  s.port = port;
+  s.gpu_ids = std::move(gpus);
+  s.since = "2026-11-29T19:0" + std::to_string(port % 10) + ":00Z";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("status lists every service in the order put into service, with its GPUs and its watchdog") {
+  FakeEngine e;
+  e.in_service = {service("llama", 8000, std::vector<unsigned>{0, 1, 2, 3}), service("kimi-k2-5", 8001, std::nullopt),
+                  service("embed", 8002, std::vector<unsigned>{})};
+  e.in_service[0].watchdog = restarted_watchdog("llama");
+  e.active_model = deploy::Active{"embed", e.in_service[2].commit, "modeld-serve@embed.service", 8002,
+                                  e.in_service[2].since};
+  const auto j = body_of(call(e, "GET", "/v1/status"));
+  const auto& services = j["services"];
+  REQUIRE(services.size() == 3);
+  CHECK(services[0] == json{{"model", "llama"},
+                            {"commit", std::string(40, 'l')},
+                            {"unit", "modeld-serve@llama.service"},
+                            {"port", 8000},
+                            {"gpu_ids", {0, 1, 2, 3}},
+                            {"since", "2026-11-29T19:00:00Z"},
+                            {"watchdog", deploy::to_json(restarted_watchdog("llama"))}});
+  CHECK(services[1]["model"] == "kimi-k2-5");
+  CHECK(services[1]["gpu_ids"].is_null());  // every GPU
+  CHECK(services[1]["watchdog"].is_null());  // never watched
+  CHECK(services[2]["gpu_ids"] == json::array());  // no GPU
+  // "active" keeps its shape: the service put into service last.
+  CHECK(j["active"] == json{{"model", "embed"}, {"commit", std::string(40, 'e')},
+                            {"unit", "modeld-serve@embed.service"}, {"port", 8002},
+                            {"since", "2026-11-29T19:02:00Z"}});
+}
+
+TEST_CASE("the top-level watchdog is the active model's, whichever model the watcher probed last") {
+  FakeEngine e;
+  e.in_service = {service("llama", 8000, std::nullopt), service("kimi-k2-5", 8001, std::nullopt)};
+  auto active_one = restarted_watchdog("kimi-k2-5");
+  active_one.state = "watching";
+  e.in_service[0].watchdog = restarted_watchdog("llama");
+  e.in_service[1].watchdog = active_one;
+  e.watched = {restarted_watchdog("llama"), active_one};  // llama probed last
+  e.active_model = deploy::Active{"kimi-k2-5", e.in_service[1].commit, e.in_service[1].unit, 8001, "x"};
+  auto w = body_of(call(e, "GET", "/v1/status"))["watchdog"];
+  CHECK(w["model"] == "kimi-k2-5");
+  CHECK(w["state"] == "watching");
 }
 
 TEST_CASE("status reports the active model and the current deployment") {
@@ -436,6 +493,46 @@ TEST_CASE("metrics carry the watchdog's counters per model and the last benchmar
   CHECK_THAT(t, Catch::Contains("modeld_benchmark_decode_tokens_per_second{model=\"llama\"} 80.5\n"));
 }
 
+TEST_CASE("metrics have one service info series per service and one active model info series") {
+  FakeEngine e;
+  e.in_service = {service("llama", 8000, std::vector<unsigned>{0, 1, 2, 3}), service("kimi-k2-5", 8001, std::nullopt),
+                  service("embed", 8002, std::vector<unsigned>{})};
+  e.active_model = deploy::Active{"embed", e.in_service[2].commit, e.in_service[2].unit, 8002, "x"};
+  const auto t = call(e, "GET", "/metrics").body;
+  CHECK_THAT(t, Catch::Contains("# TYPE modeld_service_info gauge\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_service_info{model=\"llama\",commit=\"" + std::string(40, 'l') +
+                                "\",unit=\"modeld-serve@llama.service\",port=\"8000\",gpu_ids=\"0,1,2,3\"} 1\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_service_info{model=\"kimi-k2-5\",commit=\"" + std::string(40, 'k') +
+                                "\",unit=\"modeld-serve@kimi-k2-5.service\",port=\"8001\",gpu_ids=\"all\"} 1\n"));
+  CHECK_THAT(t, Catch::Contains("port=\"8002\",gpu_ids=\"none\"} 1\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_active_model_info{model=\"embed\","));
+  std::size_t series = 0, info = 0;
+  for (auto at = t.find("\nmodeld_service_info{"); at != std::string::npos; at = t.find("\nmodeld_service_info{", at + 1))
+    ++series;
+  for (auto at = t.find("\nmodeld_active_model_info{"); at != std::string::npos;
+       at = t.find("\nmodeld_active_model_info{", at + 1))
+    ++info;
+  CHECK(series == 3);
+  CHECK(info == 1);
+}
+
+TEST_CASE("metrics carry the watchdog series of every watched service, also one the watcher's list leaves out") {
+  FakeEngine e;
+  e.in_service = {service("llama", 8000, std::nullopt), service("kimi-k2-5", 8001, std::nullopt)};
+  e.in_service[0].watchdog = restarted_watchdog("llama");
+  auto kimi = restarted_watchdog("kimi-k2-5");
+  kimi.restarts = 5;
+  e.in_service[1].watchdog = kimi;
+  e.watched = {restarted_watchdog("llama")};
+  const auto t = call(e, "GET", "/metrics").body;
+  CHECK_THAT(t, Catch::Contains("modeld_watchdog_restarts_total{model=\"llama\"} 3\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_watchdog_restarts_total{model=\"kimi-k2-5\"} 5\n"));
+  CHECK_THAT(t, Catch::Contains("modeld_readiness_probe_seconds{model=\"kimi-k2-5\"} 0.25\n"));
+  // One series per model: llama is in both lists.
+  CHECK(t.find("modeld_watchdog_restarts_total{model=\"llama\"}") ==
+        t.rfind("modeld_watchdog_restarts_total{model=\"llama\"}"));
+}
+
 TEST_CASE("metrics leave out watchdog and benchmark families when there is nothing to report") {
   FakeEngine e;
   const auto t = call(e, "GET", "/metrics").body;
@@ -443,10 +540,12 @@ TEST_CASE("metrics leave out watchdog and benchmark families when there is nothi
   CHECK(t.find("modeld_benchmark_") == std::string::npos);
 }
 
-TEST_CASE("metrics leave out the active model info when nothing serves") {
+TEST_CASE("metrics leave out the active model info and the service info when nothing serves") {
   FakeEngine e;
   auto r = call(e, "GET", "/metrics");
   CHECK(r.body.find("modeld_active_model_info{") == std::string::npos);
+  CHECK(r.body.find("modeld_service_info{") == std::string::npos);
+  CHECK_THAT(r.body, Catch::Contains("# TYPE modeld_service_info gauge\n"));
 }
 
 TEST_CASE("error statuses follow the error codes") {
