@@ -168,7 +168,7 @@ void Deployer::watch_services(const std::set<std::string>& except) {
     if (!except.contains(a.model)) watch_service(a.model, false);
 }
 
-asio::awaitable<void> Deployer::stop_watching(const std::set<std::string>& models) {
+asio::awaitable<void> Deployer::stop_watching(std::set<std::string> models) {
   for (const auto& m : models)
     if (auto it = watchers_.find(m); it != watchers_.end() && it->second->running()) co_await it->second->stop();
 }
@@ -239,7 +239,8 @@ asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> Deployer::sett
   const auto services = state_.active.services;
   for (auto it = services.rbegin(); it != services.rend(); ++it) {
     const auto* m = cfg->find_model(it->model);
-    auto st = co_await services_.units.status(units::serve_unit(it->model));
+    const auto unit = units::serve_unit(it->model);
+    auto st = co_await services_.units.status(unit);
     // A server that runs keeps its recorded settings; one that is started gets today's drop-in.
     const bool up = st && units::is_up(st->active_state);
     const Placement p = up || !m || owned.contains(it->model) ? placement_of(*it, m) : placement_of(*m);
@@ -262,18 +263,18 @@ asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> Deployer::sett
               "later, which starts instead; deploy {} again once the configuration lets both serve",
               it->model, winner->model, *why, it->model);
     if (up) {
-      if (auto r = co_await services_.units.stop(units::serve_unit(it->model)); !r)
-        sys::logf(sys::Level::error, f, "cannot stop {}: {}", units::serve_unit(it->model), r.error().message);
-      else if (auto w = co_await units::wait_inactive(services_.units, units::serve_unit(it->model),
-                                                      stop_wait(m ? m->serve.stop_timeout : std::chrono::minutes(5)));
-               !w)
-        sys::logf(sys::Level::error, f, "{} did not stop: {}", units::serve_unit(it->model), w.error().message);
+      const std::chrono::milliseconds wait = stop_wait(m ? m->serve.stop_timeout : std::chrono::minutes(5));
+      if (auto r = co_await services_.units.stop(unit); !r)
+        sys::logf(sys::Level::error, f, "cannot stop {}: {}", unit, r.error().message);
+      else if (auto w = co_await units::wait_inactive(services_.units, unit, wait); !w)
+        sys::logf(sys::Level::error, f, "{} did not stop: {}", unit, w.error().message);
     }
     state_.last_active[it->model] = util::rfc3339(std::chrono::system_clock::now());
     state_.active.erase(it->model);
     leaving.push_back(it->model);
   }
-  if (!leaving.empty()) co_await save_state(sys::Fields{});
+  const sys::Fields none;
+  if (!leaving.empty()) co_await save_state(none);
   co_return statuses;
 }
 
@@ -944,7 +945,10 @@ asio::awaitable<std::optional<Error>> Deployer::run_steps(Running& r, Step first
       break;
     }
     r.step = step;
-    if (owns_service(r)) co_await stop_watching(touched_models(r));
+    if (owns_service(r)) {
+      auto touched = touched_models(r);
+      co_await stop_watching(touched);
+    }
     auto res = co_await run_step(r, step.step);
     if (shutting_down_) {
       // Left recorded as running: the next daemon start continues it from this step.
@@ -1033,7 +1037,8 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
   // rolling_back is not cancellable: leaving the host with nothing serving is worse.
   r.step.reset();
   r.rolling_back = true;
-  co_await stop_watching(touched_models(r));
+  auto touched = touched_models(r);
+  co_await stop_watching(touched);
   d.phase = Phase::rolling_back;
   co_await persist_now(d);
   emit(EventKind::phase, d);

@@ -205,7 +205,7 @@ class Deployer final : public Engine {
   // Watches every service in service but those in `except`.
   void watch_services(const std::set<std::string>& except = {});
   // Stops the watchers of `models` (cancelled, awaited).
-  boost::asio::awaitable<void> stop_watching(const std::set<std::string>& models);
+  boost::asio::awaitable<void> stop_watching(std::set<std::string> models);
   // Whether any watcher runs.
   bool any_watching() const;
   // After `modelctl verify` found the files of `model` at `commit` intact: when that revision is

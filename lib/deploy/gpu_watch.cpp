@@ -76,7 +76,9 @@ std::vector<unsigned> unused(const gpu::Snapshot& snap, const std::vector<config
 asio::awaitable<Result<void>> wait_back(Services& s, const Run& run, std::chrono::steady_clock::time_point deadline,
                                         const gpu::Baseline& before, const std::vector<unsigned>& watched,
                                         Result<std::optional<gpu::Snapshot>>& snap) {
-  auto last_note = std::chrono::steady_clock::now();
+  // The first note after 2 s (memory of a killed process is back within a fraction of a second:
+  // gpu-facts.md), then every 10 s.
+  auto last_note = std::chrono::steady_clock::now() - std::chrono::seconds(8);
   std::vector<gpu::Excess> excess;
   bool first = true;
   auto end = co_await util::poll_until(deadline, std::chrono::milliseconds(500), [&]() -> asio::awaitable<bool> {

@@ -204,10 +204,13 @@ std::vector<config::GpuSet> busy_gpus(const Run& run) {
 
 // Nothing is to be stopped: the port checked, the baseline measured on the GPUs no service uses.
 asio::awaitable<Result<Stopped>> nothing_to_stop(Services& s, const Run& run) {
-  if (auto r = co_await refuse_foreign_port_holder(s, run, {}); !r) co_return r.error();
+  // Named, not temporaries: GCC 12 mishandles class temporaries passed to a coroutine.
+  const std::vector<OldService> no_olds;
+  if (auto r = co_await refuse_foreign_port_holder(s, run, no_olds); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model in service conflicts with {}", run.model.name);
   const config::GpuSet none = std::vector<unsigned>{};
-  if (auto r = co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false, none, busy_gpus(run)); !r)
+  const auto busy = busy_gpus(run);
+  if (auto r = co_await wait_gpu_memory_back(s, run, std::chrono::steady_clock::now(), false, none, busy); !r)
     co_return r.error();
   co_return Stopped{};
 }
@@ -265,8 +268,9 @@ boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run&
   // GPUs of the stopped services are waited for; those of services still serving never delay it.
   std::vector<Placement> freed;
   for (const auto& a : run.record.previous) freed.push_back(placement_of(a, s.config->find_model(a.model)));
-  if (auto r = co_await wait_gpu_memory_back(s, run, deadline, true, gpus_of(freed), busy_gpus(run)); !r)
-    co_return r.error();
+  const auto freed_gpus = gpus_of(freed);
+  const auto busy = busy_gpus(run);
+  if (auto r = co_await wait_gpu_memory_back(s, run, deadline, true, freed_gpus, busy); !r) co_return r.error();
   co_return stopped;
 }
 
