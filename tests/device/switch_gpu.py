@@ -60,8 +60,10 @@ def use_bundle(bundle: Path) -> None:
     benchlib.use_build(bundle.resolve())
 
 
-def model_tables(work: Path, warm: str | None) -> str:
-    """Both models' TOML; `warm` None leaves serve.warm out (a modeld that does not know it)."""
+def model_tables(work: Path, warm: str | None, gpu_ids: str | None = None) -> str:
+    """Both models' TOML; `warm` None leaves serve.warm out (a modeld that does not know it);
+    `gpu_ids` ("0") gives each model serve.gpu_ids (CUDA_VISIBLE_DEVICES by UUID) instead of gpus = 1."""
+    gpus = f"gpu_ids = [{gpu_ids}]" if gpu_ids else "gpus = 1"
     out = []
     for name in MODELS:
         command = [sys.executable, str(HERE / "serve_hf.py"), "{model_dir}", "--port", "{port}",
@@ -76,7 +78,7 @@ command = {json.dumps(command)}
 port = {PORT}
 startup_timeout = "10m"
 stop_timeout = "60s"
-gpus = 1
+{gpus}
 gpu_memory = "30GiB"
 {f'warm = "{warm}"' if warm else ''}
 
@@ -127,13 +129,13 @@ def run(args: argparse.Namespace) -> dict:
     def use_setting(setting: str) -> None:
         if args.plain:
             return
-        env.write_config(model_tables(work, setting))
+        env.write_config(model_tables(work, setting, args.gpu_ids))
         env.stop_modeld()
         env.start_modeld()
 
     with env:
         try:
-            switchlib.start_env(env, model_tables(work, None if args.plain else settings[0]))
+            switchlib.start_env(env, model_tables(work, None if args.plain else settings[0], args.gpu_ids))
             setup = switchlib.Setup(socket=env.socket, models_dir=env.models_dir, port=PORT,
                                     load_time=load_time(work), plain=args.plain, timeout=args.timeout)
             print(f"GPU baseline (NVML used): {setup.gpu.baseline and setup.gpu.baseline / 2**20:.0f} MiB",
@@ -157,6 +159,7 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true", help="keep the checkpoints already in --work/repos")
     ap.add_argument("--plain", action="store_true", help="a modeld without pull/commit/warm: deploy by name")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a pull or deployment may take")
+    ap.add_argument("--gpu-ids", default=None, help="serve.gpu_ids of both models, e.g. 0 (default: gpus = 1)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         fail("run it as root (dropping the page cache needs it)")

@@ -1474,7 +1474,7 @@ std::vector<std::string> serving_models(Fixture& fx) {
 
 }  // namespace
 
-TEST_CASE("a deploy stops only the services in conflict with its model; the others keep serving") {
+TEST_CASE("a deploy stops only the services in conflict with its model and the others keep serving") {
   Fixture fx;
   serve_old_and_spare(fx);
   fx.boot();

@@ -23,7 +23,7 @@ const config::GpuSet kAll = std::nullopt;
 
 }  // namespace
 
-TEST_CASE("models on disjoint GPUs and ports may serve together; overlapping GPUs or one port conflict") {
+TEST_CASE("models on disjoint GPUs and ports may serve together while overlapping GPUs or one port conflict") {
   CHECK_FALSE(conflict_between(placement_of(model("a", 8001, kLow)), placement_of(model("b", 8002, kHigh))));
   CHECK(conflict_between(placement_of(model("a", 8001, kLow)), placement_of(model("c", 8003, std::vector<unsigned>{3, 4})))
         == "both use GPU 3");
@@ -55,7 +55,7 @@ TEST_CASE("a service's placement is what it was started with, not today's config
   CHECK(placement_of(older, nullptr).port == 0);
 }
 
-TEST_CASE("the services in conflict with a target, in the order they serve; the GPUs they free together") {
+TEST_CASE("the services in conflict with a target come in the order they serve and the GPUs they free add up") {
   config::Config cfg;
   cfg.models["a"] = model("a", 8001, kLow);
   cfg.models["b"] = model("b", 8002, kHigh);
