@@ -279,8 +279,12 @@ int cmd_cancel(Context& c) {
   if (r->status == 200) {
     if (c.json)
       print_raw(r->body);
-    else
-      fmt::print("Cancelling deployment {} of {}\n", id, modelctl::str(d, "model", "?"));
+    else {
+      // A pull or a stop is named by its kind, as status names it.
+      const std::string kind = d.value("kind", std::string("deploy"));
+      fmt::print("Cancelling {} {} of {}\n", kind == "deploy" ? std::string("deployment") : kind, id,
+                 modelctl::str(d, "model", "?"));
+    }
     return exit_ok;
   }
   print_error(c, *r);
