@@ -153,7 +153,28 @@ ModelWatcher& Deployer::watcher_for(const std::string& model) {
   w->on_started([this](const std::string& m, const std::optional<StartedSettings>& settings) {
     record_started(m, settings);
   });
+  w->restart_settings([this](const std::string& m) { return settings_for_restart(m); });
   return *w;
+}
+
+std::optional<StartedSettings> Deployer::settings_for_restart(const std::string& model) const {
+  const auto* a = state_.active.find(model);
+  const auto* m = services_.config->find_model(model);
+  if (!a || !a->started || !m) return std::nullopt;
+  const Placement today = placement_of(*m);
+  for (const auto& other : state_.active.services) {
+    if (other.model == model) continue;
+    const auto why = conflict_between(today, placement_of(other, services_.config->find_model(other.model)));
+    if (!why) continue;
+    sys::Fields f;
+    f.model = model;
+    sys::logf(sys::Level::warning, f,
+              "watchdog: today's configuration of {} conflicts with {}, which serves ({}): starting it with the "
+              "settings it ran with; deploy {} to apply the configuration",
+              model, other.model, *why, model);
+    return a->started;
+  }
+  return std::nullopt;
 }
 
 void Deployer::watch_service(const std::string& model, bool wait_ready_first) {

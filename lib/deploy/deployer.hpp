@@ -197,6 +197,9 @@ class Deployer final : public Engine {
   // Calls every listener with `e`.
   void publish(const Event& e);
   void announce_status();
+  // What a watcher restarts `model` with: the settings it ran with when today's configuration would
+  // make it conflict with another service in service (logged), else nullopt (today's).
+  std::optional<StartedSettings> settings_for_restart(const std::string& model) const;
   // The model watcher of `model`, made on first use (its counters are kept across watches).
   ModelWatcher& watcher_for(const std::string& model);
   // Starts watching service `model` unless it is not in service, already watched, or owned by the

@@ -324,9 +324,11 @@ asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
       sys::logf(sys::Level::error, w.f, "watchdog: {}", r.error().message);
     if (w.run.stop) co_return false;
   }
-  // Started from today's drop-in, whose settings are recorded as what the server runs with.
+  // Started from today's drop-in (or the one the owner asks for), whose settings are recorded as
+  // what the server runs with.
   std::optional<StartedSettings> settings;
-  if (auto d = co_await install_dropin(services_, w.m); d)
+  const std::optional<StartedSettings> asked = restart_settings_ ? restart_settings_(w.model) : std::nullopt;
+  if (auto d = co_await install_dropin(services_, w.m, asked); d)
     settings = std::move(*d);
   else
     sys::logf(sys::Level::error, w.f, "watchdog: cannot rewrite the drop-in of {}: {}", w.unit, d.error().message);

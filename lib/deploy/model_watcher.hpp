@@ -83,6 +83,13 @@ class ModelWatcher {
     on_started_ = std::move(f);
   }
 
+  /// Called on the io thread before a restart writes the drop-in: settings to start the model
+  /// with instead of today's configuration (nullopt: today's), e.g. those it ran with when today's
+  /// would put it onto another service's GPUs or port.
+  void restart_settings(std::function<std::optional<StartedSettings>(const std::string&)> f) {
+    restart_settings_ = std::move(f);
+  }
+
   /// One cheap probe of `m` as the watch makes it (Options::probe, else health::probe_once); errors say why it failed.
   boost::asio::awaitable<Result<void>> probe_once(const config::ModelConfig& m) { return probe(m); }
 
@@ -121,6 +128,7 @@ class ModelWatcher {
   std::function<void(const std::string&, const std::optional<StartedSettings>&)> on_started_;
   /// Completion handlers of stop() calls waiting for the coroutine to end.
   std::vector<std::function<void()>> on_stopped_;
+  std::function<std::optional<StartedSettings>(const std::string&)> restart_settings_;
 };
 
 }  // namespace modeld::deploy

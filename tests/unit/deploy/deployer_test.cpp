@@ -1557,3 +1557,18 @@ TEST_CASE("at boot, of two services that the configuration now makes conflict, t
   CHECK(fx.units.state_of(kOldUnit) == "inactive");
   CHECK(serving_models(fx) == std::vector<std::string>{"spare"});
 }
+
+TEST_CASE("a watcher restarts a service as it ran when today's configuration would put it onto another's GPUs") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  const auto ran_with = fx.started_now("spare");  // no GPU
+  fx.cfg->models["spare"].health.watch_interval = 10ms;
+  fx.cfg->models["spare"].serve.gpu_ids.reset();  // today: every GPU, as "old" has
+  fx.boot();
+  CHECK(serving_models(fx) == std::vector<std::string>{"old", "spare"});  // both run: what runs decides
+  fx.units.states[kSpareUnit] = "failed";
+  REQUIRE(fx.run_until([&] { return fx.units.state_of(kSpareUnit) == "active" && fx.position("start " + kSpareUnit) >= 0; }));
+  REQUIRE(fx.run_until([&] { return recorded_started(fx) == ran_with; }));
+  CHECK(recorded_started(fx)->gpu_ids == std::vector<unsigned>{});
+  CHECK(fx.units.dropins[kSpareUnit].find("CUDA_VISIBLE_DEVICES=") != std::string::npos);
+}
