@@ -7,7 +7,7 @@
 #include "util/json.hpp"
 
 #include "deploy/deployment.hpp"
-#include "deploy/started.hpp"
+#include "gpu/nvml.hpp"
 #include "sys/log.hpp"
 #include "util/text.hpp"
 
@@ -489,7 +489,7 @@ void service_metrics(std::string& out, const deploy::Engine& engine) {
   for (const auto& s : engine.services())
     out += fmt::format("modeld_service_info{{model=\"{}\",commit=\"{}\",unit=\"{}\",port=\"{}\",gpu_ids=\"{}\"}} 1\n",
                        label_value(s.model), label_value(s.commit), label_value(s.unit), s.port,
-                       label_value(deploy::gpu_list(s.gpu_ids)));
+                       label_value(gpu::describe_indices(s.gpu_ids)));
 }
 
 // The benchmark of each model's newest deployment that measured one.

@@ -2,6 +2,7 @@
 #include "deploy/phases.hpp"
 
 #include "deploy/gpu_watch.hpp"
+#include "gpu/nvml.hpp"
 #include "store/store.hpp"
 #include "units/service_manager.hpp"
 #include "util/on_pool.hpp"
@@ -92,7 +93,7 @@ boost::asio::awaitable<Result<StartedSettings>> install_dropin(Services& s, cons
     if (!found)
       co_return make_error(found.error().code,
                            fmt::format("model {} (serve.gpu_ids = [{}]): {}; not writing the drop-in of {}", model.name,
-                                       gpu_list(settings.gpu_ids), found.error().message, unit));
+                                       gpu::describe_indices(settings.gpu_ids), found.error().message, unit));
     uuids = std::move(*found);
   }
   // On the event loop: the process backend keeps its drop-ins in memory, owned by the loop; the

@@ -1,5 +1,7 @@
 #include "deploy/started.hpp"
 
+#include "gpu/nvml.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -23,12 +25,6 @@ std::vector<std::string> changed_variables(const std::map<std::string, std::stri
 
 }  // namespace
 
-std::string gpu_list(const std::optional<std::vector<unsigned>>& ids) {
-  if (!ids) return "all";
-  if (ids->empty()) return "none";
-  return fmt::format("{}", fmt::join(*ids, ","));
-}
-
 std::vector<std::string> settings_changed(const StartedSettings& was, const StartedSettings& now) {
   std::vector<std::string> out;
   if (was.command != now.command) out.emplace_back("command changed");
@@ -37,7 +33,7 @@ std::vector<std::string> settings_changed(const StartedSettings& was, const Star
   if (was.working_directory != now.working_directory) out.emplace_back("working directory changed");
   if (was.gpus != now.gpus) out.push_back(fmt::format("GPUs changed ({} -> {})", was.gpus, now.gpus));
   if (was.gpu_ids != now.gpu_ids)
-    out.push_back(fmt::format("GPU ids changed ({} -> {})", gpu_list(was.gpu_ids), gpu_list(now.gpu_ids)));
+    out.push_back(fmt::format("GPU ids changed ({} -> {})", gpu::describe_indices(was.gpu_ids), gpu::describe_indices(now.gpu_ids)));
   if (was.port != now.port) out.push_back(fmt::format("port changed ({} -> {})", was.port, now.port));
   return out;
 }

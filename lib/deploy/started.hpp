@@ -42,9 +42,6 @@ struct StartedSettings {
 /// empty when equal.
 std::vector<std::string> settings_changed(const StartedSettings& was, const StartedSettings& now);
 
-/// A GPU set as the journal writes it: "0,1,2,3", "all" (nullopt) or "none" (empty).
-std::string gpu_list(const std::optional<std::vector<unsigned>>& ids);
-
 /// The JSON form kept in state.json and in deployment records.
 nlohmann::json to_json(const StartedSettings& s);
 
