@@ -4,5 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 export CCACHE_NOHASHDIR=1
+# Paths relative to the checkout in ccache keys, so another clone or worktree hits the same cache.
+export CCACHE_BASEDIR="$(pwd)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMODELD_TEST_HOOKS=ON >/dev/null
 ninja -C build -j"$(nproc)" "$@"

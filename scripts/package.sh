@@ -11,6 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 case "$build" in /*) ;; *) build=$(pwd)/$build ;; esac
 export CCACHE_NOHASHDIR=1
+export CCACHE_BASEDIR="$root"
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
