@@ -1,0 +1,172 @@
+"""The site cache of config/site-cache/ (nginx) for tests, run as its own nginx instance.
+
+SiteCache renders the shipped files into a work folder, changing only the lines a site edits in
+site.conf (addresses, ports, certificates, the cache's disk and logs, the Hub's address and CA)
+and the paths of nginx.conf: everything else runs exactly as shipped. nginx runs in the
+foreground of its master process (`daemon off`), inside `ip netns exec NETNS` when a network
+namespace is given.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from modeld_env import SOURCE_DIR, make_ca, make_leaf, wait_for
+
+SHIPPED = SOURCE_DIR / "config" / "site-cache"
+NGINX = "/usr/sbin/nginx"
+
+
+def make_tls(folder: Path, sans: str) -> tuple[Path, Path, Path]:
+    """A test CA and one server certificate for the subjectAltName list `sans` (e.g.
+    "IP:127.0.0.4,IP:127.0.0.2"); returns (ca.pem, server.pem, server.key)."""
+    ca = make_ca(folder)
+    cert, key = make_leaf(ca, folder, "server", sans)
+    return ca[0], cert, key
+
+
+def _sub(text: str, old: str, new: str, where: str) -> str:
+    """Replaces the one shipped line part `old`; a shipped file that changed fails loudly."""
+    if text.count(old) < 1:
+        raise AssertionError(f"{where}: the shipped text {old!r} is gone: update tests/integration/site_cache.py")
+    return text.replace(old, new)
+
+
+class SiteCache:
+    """nginx with the shipped site cache configuration, for the test's own addresses."""
+
+    def __init__(self, workdir: Path, hub_origin: str, listen_host: str, listen_port: int,
+                 cert: Path, key: Path, upstream_ca: Path | None = None, netns: str | None = None,
+                 inner_port: int | None = None, allow: tuple[str, ...] = ("127.0.0.0/8",)):
+        self.dir = Path(workdir)
+        self.hub_origin, self.host, self.port = hub_origin, listen_host, listen_port
+        self.cert, self.key, self.upstream_ca, self.netns = cert, key, upstream_ca, netns
+        self.inner = f"{listen_host if listen_host.startswith('127.') else '127.0.0.1'}:{inner_port or 0}"
+        self.allow = allow
+        self.logs = self.dir / "logs"
+        self.upstream_log = self.logs / "modeld-hub-upstream.log"
+        self.access_log = self.logs / "modeld-hub-access.log"
+        self.error_log = self.logs / "modeld-hub-error.log"
+        self.url = f"https://{listen_host}:{listen_port}"
+        self.proc: subprocess.Popen | None = None
+
+    def render(self) -> Path:
+        """Writes the configuration into the work folder; returns nginx.conf's path."""
+        conf = self.dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.dir / "cache").mkdir(exist_ok=True)
+        for name in ("modeld-hub-cache.conf", "modeld-hub-front.conf", "modeld-hub-inner.conf"):
+            shutil.copy(SHIPPED / name, conf / name)
+        if self.inner.endswith(":0"):
+            self.inner = self.inner[:-1] + str(_free_port(self.inner.split(":")[0]))
+        (conf / "site.conf").write_text(self._site())
+        top = (SHIPPED / "nginx.conf").read_text()
+        for old, new in (("user www-data;", "user root;"),
+                         ("pid /run/nginx-modeld-cache.pid;", f"pid {self.dir / 'nginx.pid'};"),
+                         ("/var/log/nginx/modeld-hub-error.log", str(self.error_log))):
+            top = _sub(top, old, new, "nginx.conf")
+        (conf / "nginx.conf").write_text(top)
+        return conf / "nginx.conf"
+
+    def _site(self) -> str:
+        site = (SHIPPED / "site.conf").read_text()
+        allow = "".join(f"allow {a};\n    " for a in self.allow)
+        for old, new in (
+                ("/var/cache/nginx/modeld-hub", str(self.dir / "cache")),
+                ('default "https://huggingface.co";', f'default "{self.hub_origin}";'),
+                ("server 127.0.0.1:8079;", f"server {self.inner};"),
+                ("listen 127.0.0.1:8079;", f"listen {self.inner};"),
+                ("/var/log/nginx/", f"{self.logs}/"),
+                ("proxy_ssl_trusted_certificate /etc/ssl/certs/ca-certificates.crt;",
+                 f"proxy_ssl_trusted_certificate {self.upstream_ca or '/etc/ssl/certs/ca-certificates.crt'};"),
+                ("listen 443 ssl;", f"listen {self.host}:{self.port} ssl;"),
+                ("/etc/modeld-cache/tls/cache.pem", str(self.cert)),
+                ("/etc/modeld-cache/tls/cache.key", str(self.key)),
+                ("allow 10.0.0.0/8;\n    ", allow)):
+            site = _sub(site, old, new, "site.conf")
+        return site
+
+    def _argv(self, *extra: str) -> list[str]:
+        argv = [NGINX, "-p", str(self.dir), "-c", str(self.dir / "conf" / "nginx.conf"),
+                "-e", str(self.error_log), *extra]
+        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else argv
+
+    def check(self) -> subprocess.CompletedProcess:
+        """`nginx -t` of the rendered configuration."""
+        self.render()
+        return subprocess.run(self._argv("-t"), capture_output=True, text=True, timeout=60)
+
+    def start(self) -> "SiteCache":
+        """Renders, starts nginx and waits until the front server accepts connections."""
+        self.render()
+        self.proc = subprocess.Popen(self._argv("-g", "daemon off;"), stdout=subprocess.DEVNULL,
+                                     stderr=open(self.dir / "nginx.out", "ab"))
+        wait_for("the site cache's port", self._listening, timeout=30)
+        return self
+
+    def _listening(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"nginx exited with {self.proc.returncode}: {self._tail()}")
+        if self.netns:
+            r = subprocess.run(["ip", "netns", "exec", self.netns, "ss", "-Htln", f"sport = :{self.port}"],
+                               capture_output=True, text=True)
+            return bool(r.stdout.strip())
+        try:
+            with socket.create_connection((self.host, self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def _tail(self) -> str:
+        return self.error_log.read_text()[-2000:] if self.error_log.exists() else ""
+
+    def stop(self) -> None:
+        """Stops nginx at once (SIGTERM: fast shutdown, answers in flight are cut)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def upstream(self) -> list[dict]:
+        """The upstream log: one object per fetch from the Hub or its CDN."""
+        if not self.upstream_log.exists():
+            return []
+        return [json.loads(line) for line in self.upstream_log.read_text().splitlines() if line.strip()]
+
+    def access(self) -> list[dict]:
+        """The front server's access log: one object per answer to a host."""
+        if not self.access_log.exists():
+            return []
+        return [json.loads(line) for line in self.access_log.read_text().splitlines() if line.strip()]
+
+    def upstream_bytes(self) -> int:
+        """Body bytes fetched from upstream so far (the sum of the upstream log's body_bytes)."""
+        return sum(int(e["body_bytes"]) for e in self.upstream())
+
+    def __enter__(self) -> "SiteCache":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_logged(cache: SiteCache, what: str, predicate, timeout: float = 10.0):
+    """Waits until nginx has written a log line matching `predicate` (it writes after the answer)."""
+    return wait_for(what, lambda: [e for e in cache.access() if predicate(e)] or None, timeout=timeout)
+

@@ -1,0 +1,260 @@
+"""End to end, the site cache (config/site-cache/, docs/site-cache.md): nginx as a caching mirror
+at hub.endpoint in front of the hub fixture, which answers LFS files with 302s to a CDN on
+another address (127.0.0.3) whose signed URLs carry a nonce of their own on every redirect.
+
+Checked: commit-pinned answers come from upstream once and then from the cache; branch lookups
+always reach the Hub; the signed, expiring redirect never defeats the cache nor is replayed after
+it expired; concurrent ranged misses are collapsed into one upstream fetch per slice; the token
+reaches the Hub and never the CDN nor a log; who may read the cache is restricted; and a real
+modeld whose cache dies mid-download finishes through it once it is back, verified.
+Loopback only: the hub on 127.0.0.1, its CDN on 127.0.0.3, the cache on 127.0.0.4."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import http.client
+import json
+import ssl
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from modeld_env import Hub, ModeldEnv, free_port, model_table, wait_for, write_control
+from nsystemd import unsupported_reason
+from site_cache import SiteCache, make_tls
+
+TOKEN = "hf_sitecache_0123456789abcdef"
+CACHE_HOST = "127.0.0.4"
+SHARD = 40 * 1024 * 1024 + 12345  # tensor bytes of a shard: three 16 MiB slices, the last partial
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    # nginx checks an upstream certificate by DNS names only (X509_check_host): the addresses are
+    # DNS names too, besides IP entries for modeld.
+    return make_tls(tmp_path_factory.mktemp("pki"), "DNS:localhost,IP:127.0.0.1,IP:127.0.0.3,IP:127.0.0.4,"
+                    "DNS:127.0.0.1,DNS:127.0.0.3")
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, tls):
+    """A TLS hub with a token, a CDN on 127.0.0.3 and a short CDN expiry (the expiry test)."""
+    work = tmp_path_factory.mktemp("hub")
+    ca, cert, key = tls
+    repos = work / "repos"
+    import make_checkpoint
+    make_checkpoint.make_checkpoint(str(repos / "acme/big"), 2, SHARD, 7)
+    control = work / "control.json"
+    write_control(control)
+    h = Hub(repos, work, ["--tls-cert", str(cert), "--tls-key", str(key), "--cdn-host", "127.0.0.3",
+                          "--token", TOKEN, "--cdn-expiry", "3", "--control", str(control)])
+    h.control = control
+    yield h
+    h.stop()
+
+
+@pytest.fixture
+def cache(tmp_path, hub, tls):
+    """A cold cache (a new, empty disk) in front of the hub, per test."""
+    ca, cert, key = tls
+    c = SiteCache(tmp_path / "cache", hub.endpoint, CACHE_HOST, free_port(), cert, key, upstream_ca=ca,
+                  allow=("127.0.0.1",))
+    with c:
+        yield c
+
+
+def commit_of(hub: Hub, repo: str) -> str:
+    return hub_get(hub, f"/api/models/{repo}/revision/main?expand=sha")[2]["sha"]
+
+
+def _context(tls_ca: Path | None) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else ssl._create_unverified_context()  # noqa: S323
+
+
+def hub_get(hub: Hub, path: str) -> tuple[int, dict, dict]:
+    conn = http.client.HTTPSConnection("127.0.0.1", hub.port, context=_context(None), timeout=20)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {TOKEN}"})
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    return r.status, dict(r.getheaders()), json.loads(body) if body.startswith(b"{") else {}
+
+
+def get(cache: SiteCache, ca: Path, path: str, rng: str | None = None, source: str = "127.0.0.1",
+        token: str | None = TOKEN) -> tuple[int, dict, bytes]:
+    """One GET to the cache: (status, headers, body)."""
+    conn = http.client.HTTPSConnection(cache.host, cache.port, context=_context(ca), timeout=60,
+                                       source_address=(source, 0))
+    headers = {"Range": rng} if rng else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    conn.request("GET", path, headers=headers)
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, body
+
+
+def file_bytes(hub: Hub, name: str) -> int:
+    return hub.stats()["by_path"].get(name, 0)
+
+
+def test_the_shipped_configuration_passes_nginx_t(tmp_path, tls):
+    ca, cert, key = tls
+    c = SiteCache(tmp_path / "check", "https://127.0.0.1:1", CACHE_HOST, 8443, cert, key, upstream_ca=ca)
+    r = c.check()
+    assert r.returncode == 0, r.stderr
+    assert "test is successful" in r.stderr
+
+
+def test_a_commit_pinned_file_is_fetched_once_and_a_branch_lookup_every_time(hub, cache, tls):
+    commit = commit_of(hub, "acme/big")
+    path = f"/acme/big/resolve/{commit}/model-00001-of-00002.safetensors"
+    want = (hub.repos / "acme/big/model-00001-of-00002.safetensors").read_bytes()
+    before = file_bytes(hub, "acme/big/model-00001-of-00002.safetensors")
+    s1, h1, b1 = get(cache, tls[0], path)
+    s2, h2, b2 = get(cache, tls[0], path)
+    assert (s1, s2) == (200, 200)
+    assert b1 == want and b2 == want
+    fetched = file_bytes(hub, "acme/big/model-00001-of-00002.safetensors") - before
+    assert fetched == len(want), f"upstream sent {fetched} bytes for a {len(want)}-byte file fetched twice"
+    assert h2.get("x-cache-status") == "HIT", h2
+
+    lookups = lambda: len([q for q in hub.requests() if "/revision/main" in q["path"]])  # noqa: E731
+    n = lookups()
+    for _ in range(2):
+        status, _, body = get(cache, tls[0], "/api/models/acme/big/revision/main?expand=sha")
+        assert status == 200 and json.loads(body)["sha"] == commit
+    assert lookups() == n + 2, "a branch lookup was answered from the cache"
+    # A listing at the commit is immutable: cached.
+    for _ in range(2):
+        status, headers, _ = get(cache, tls[0], f"/api/models/acme/big/revision/{commit}?blobs=true")
+        assert status == 200
+    assert headers.get("x-cache-status") == "HIT", headers
+
+
+def test_every_redirect_has_its_own_nonce_and_an_expired_one_is_never_replayed(hub, cache, tls):
+    commit = commit_of(hub, "acme/big")
+    resolve = f"/acme/big/resolve/{commit}/model-00002-of-00002.safetensors"
+    locations = {hub_get(hub, resolve)[1]["Location"] for _ in range(2)}
+    assert len(locations) == 2, "the fixture's signed URLs carry no per-request nonce"
+    assert all("Nonce=" in loc for loc in locations)
+    old = urllib.parse.urlsplit(locations.pop())
+    expires = int(urllib.parse.parse_qs(old.query)["Expires"][0])
+
+    status, _, first = get(cache, tls[0], resolve, rng=f"bytes=0-{MiB - 1}")
+    assert status == 206 and len(first) == MiB
+    wait_for("the first redirect's signature to expire", lambda: time.time() > expires + 1, timeout=10)
+    conn = http.client.HTTPSConnection("127.0.0.3", hub.cdn_port, context=_context(None), timeout=10)
+    conn.request("GET", f"{old.path}?{old.query}")
+    assert conn.getresponse().status == 403, "the CDN still accepts an expired signature"
+    conn.close()
+    # A slice not cached yet, after the first redirect expired: the cache asks the Hub again.
+    want = (hub.repos / "acme/big/model-00002-of-00002.safetensors").read_bytes()
+    status, _, tail = get(cache, tls[0], resolve, rng=f"bytes={len(want) - MiB}-{len(want) - 1}")
+    assert status == 206 and tail == want[-MiB:]
+    assert all(e["status"] in (200, 206) for e in cache.upstream()), cache.upstream()
+
+
+def test_concurrent_ranged_misses_are_one_upstream_fetch_per_slice(hub, cache, tls):
+    # Four hosts at once, each asking for the whole file in 16 MiB parts as modeld does, through a
+    # throttled upstream so that they overlap.
+    write_control(hub.control, throttle=16 * MiB)
+    try:
+        commit = commit_of(hub, "acme/big")
+        name = "model-00001-of-00002.safetensors"
+        want = (hub.repos / "acme/big" / name).read_bytes()
+        before = file_bytes(hub, f"acme/big/{name}")
+
+        def host(i: int) -> bytes:
+            parts = []
+            for start in range(0, len(want), 16 * MiB):
+                end = min(start + 16 * MiB, len(want)) - 1
+                status, _, body = get(cache, tls[0], f"/acme/big/resolve/{commit}/{name}", rng=f"bytes={start}-{end}")
+                assert status == 206, status
+                parts.append(body)
+            return b"".join(parts)
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(host, range(4)))
+    finally:
+        write_control(hub.control)
+    assert all(r == want for r in results)
+    fetched = file_bytes(hub, f"acme/big/{name}") - before
+    assert fetched <= 1.1 * len(want), f"{fetched} upstream bytes for 4 clients of a {len(want)}-byte file"
+    spans = [(e["msec"] - e["request_time"], e["msec"]) for e in cache.access() if name in e["uri"]]
+    first = [s for s in spans if s[1] == min(x[1] for x in spans)][0]
+    assert sum(1 for s in spans if s[0] < first[1]) >= 4, f"the four clients did not overlap: {spans}"
+
+
+def test_the_token_reaches_the_hub_only_and_no_log(hub, cache, tls):
+    commit = commit_of(hub, "acme/big")
+    since = time.time()
+    status, _, _ = get(cache, tls[0], f"/acme/big/resolve/{commit}/model-00002-of-00002.safetensors",
+                       rng="bytes=0-99")
+    assert status == 206
+    seen = [q for q in hub.requests() if q["time"] >= since]
+    assert any(q["origin"] == "hub" and q["authorization"] == f"Bearer {TOKEN}" for q in seen), seen
+    cdn = [q for q in seen if q["origin"] == "cdn"]
+    assert cdn and not any(q["authorization_present"] for q in cdn), cdn
+    for log in (cache.access_log, cache.upstream_log, cache.error_log):
+        assert TOKEN not in log.read_text(), f"the token is in {log.name}"
+    # Without a token the Hub refuses, and the cache stores nothing for it.
+    status, _, _ = get(cache, tls[0], "/api/models/acme/big/revision/main", token=None)
+    assert status == 401
+
+
+def test_only_allowed_addresses_may_read_the_cache(hub, cache, tls):
+    commit = commit_of(hub, "acme/big")
+    path = f"/acme/big/resolve/{commit}/config.json"
+    assert get(cache, tls[0], path)[0] == 200
+    status, _, body = get(cache, tls[0], path, source="127.0.0.9", token=None)
+    assert status == 403 and b"architectures" not in body
+
+
+@pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+def test_modeld_resumes_through_a_cache_that_died_mid_download(tmp_path, tls):
+    ca, cert, key = tls
+    port = free_port()
+    cache_port = free_port()
+    e = ModeldEnv(workdir=tmp_path / "modeld",
+                  hub_args=["--tls-cert", str(cert), "--tls-key", str(key), "--cdn-host", "127.0.0.3",
+                            "--token", TOKEN, "--throttle", str(4 * MiB)],
+                  config_extra=f'ca_file = "{ca}"')
+    e.endpoint = f"https://{CACHE_HOST}:{cache_port}"
+    (e.workdir / "credentials").mkdir(parents=True)
+    (e.workdir / "credentials" / "hf-token").write_text(TOKEN + "\n")
+    e.add_repo("acme/big", shards=2, shard_size=SHARD, seed=9)
+    c = SiteCache(tmp_path / "cache", "", CACHE_HOST, cache_port, cert, key, upstream_ca=ca, allow=("127.0.0.1",))
+    try:
+        e.start(model_table("big", "acme/big", port))
+        c.hub_origin = e.hub.endpoint
+        c.start()
+        assert e.modelctl("deploy", "big").returncode == 0
+        started = e.status()["deployment"]
+        wait_for("a part of the download through the cache",
+                 lambda: e.status()["deployment"]["progress"]["bytes_done"] >= 8 * MiB, timeout=60)
+        c.stop()
+        wait_for("modeld noticing the cache is gone", lambda: e.status()["deployment"]["state"] == "running"
+                 and any("retry" in (x.get("MESSAGE") or "").lower() or "refused" in (x.get("MESSAGE") or "").lower()
+                         for x in e.journal(unit="modeld.service")), timeout=60)
+        c.start()
+        done = wait_for("the deployment's end", lambda: (d := e.status()["deployment"])["state"] != "running" and d,
+                        timeout=180)
+        assert done["state"] == "succeeded", done
+        assert done["id"] == started["id"], "the deployment started over instead of resuming"
+        # Resumed through the cache: after it came back, parts were asked for from an offset.
+        resumed = [a for a in c.access() if a["range"].startswith("bytes=") and not a["range"].startswith("bytes=0-")]
+        assert resumed, c.access()
+        for f in (e.repos / "acme/big").glob("*.safetensors"):
+            got = hashlib.sha256((e.models_dir / "big" / f.name).read_bytes()).hexdigest()
+            assert got == hashlib.sha256(f.read_bytes()).hexdigest(), f.name
+        assert not any(q["authorization_present"] for q in e.hub.requests() if q["origin"] == "cdn")
+        assert e.modelctl("verify", "big").returncode == 0
+    finally:
+        c.stop()
+        e.stop()
