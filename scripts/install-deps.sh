@@ -35,7 +35,8 @@ apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
     catch2 libssl-dev libtomlplusplus-dev libcli11-dev \
     systemd dbus util-linux procps curl python3 python3-pytest \
     openssl tinyproxy mitmproxy aria2 prometheus tmux \
-    dpkg-dev file gzip lintian fuse3 python3-fuse e2fsprogs nginx-core >/dev/null
+    dpkg-dev file gzip lintian fuse3 python3-fuse e2fsprogs nginx-core \
+    ansible ansible-lint python3-apt >/dev/null
 # dpkg-dev (dpkg-shlibdeps), file and gzip are what scripts/package.sh's CPack DEB run needs;
 # lintian checks the package (docs/packaging.md).
 # fuse3 and python3-fuse run tests/fixtures/slow_fs.py, a disk that stalls on purpose
@@ -43,6 +44,8 @@ apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
 # test_warm_e2e.py keeps models on (tmpfs makes mincore meaningless).
 # nginx-core (with the slice module) runs the site cache of config/site-cache/ in
 # tests/integration/test_site_cache_e2e.py, as its own instance; the package's service stays off.
+# ansible and ansible-lint (6.13) check the collection in ansible/ (tests/checks/ansible_collection.py)
+# and drive it; python3-apt is what its apt module needs on the hosts it installs modeld on.
 # tinyproxy (a CONNECT proxy) and mitmproxy (a TLS-intercepting proxy, standing in for
 # Dragonfly) are real proxies for the tests; aria2 is a baseline of tests/bench/download.
 # The tinyproxy package starts a system service; the tests run their own instances.

@@ -402,6 +402,9 @@ std::string plan_text(const json& p, const Style& style) {
   out += fmt::format("Plan for {} ({}@{}, commit {}){}\n", style.bold(str(p, "model")), str(p, "repo"),
                      str(p, "revision"), short_commit(p.value("commit", json())),
                      p.value("allow_downtime", false) ? ", downtime allowed" : "");
+  if (p.value("already_serving", false))
+    out += fmt::format("  {} already serves commit {} with the same settings: deploying it changes nothing\n",
+                       str(p, "model"), short_commit(p.value("commit", json())));
   out += fmt::format("  Files:      {}, {}\n", files(uint(p, "files_total")), bytes(uint(p, "bytes_total")));
   if (p.value("verified", false))
     out += "  To fetch:   nothing: this commit is on disk and verified\n";

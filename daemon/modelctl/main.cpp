@@ -180,6 +180,8 @@ struct Start {
   std::string noun, doing;
 };
 
+int report_end(Context& c, const std::string& name, const std::string& id, const std::string& noun_of_kind);
+
 // Starts the record `s` of model `name` and, with `wait`, follows it to its end.
 int start_record(Context& c, const std::string& name, bool wait, const Start& s) {
   // Subscribe first, so that no event of the new deployment can slip by.
@@ -207,7 +209,12 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
   if (!c.json) fmt::print("{} {} ({} {})\n", s.doing, name, s.noun, id);
   std::fflush(stdout);
   if (!follow_deployment(c, id, *events)) return exit_unreachable;
+  return report_end(c, name, id, s.noun);
+}
 
+// Prints how record `id` of model `name` (a `noun`: "deployment", "pull", "stop") ended, as
+// deploy --wait does; its exit code.
+int report_end(Context& c, const std::string& name, const std::string& id, const std::string& noun_of_kind) {
   auto final = c.daemon.call("GET", "/v1/deployments/" + modeld::util::url_encode_segment(id));
   if (!final) return unreachable(c.daemon, final.error());
   if (final->status != 200) {
@@ -219,18 +226,18 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
   if (!f) return exit_failed;
   const std::string state = f->value("state", "");
   if (!c.json) {
-    std::string noun = s.noun;
+    std::string noun = noun_of_kind;
     noun[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(noun[0])));
     const bool changed = f->value("changed", true);
     // The switch first: the result stays the last line, which scripts read.
     if (auto sw = modelctl::switch_text(*f); !sw.empty()) fmt::print("Switch: {}\n", sw);
-    if (state == "succeeded" && !changed && s.noun == "deployment")
+    if (state == "succeeded" && !changed && noun_of_kind == "deployment")
       fmt::print("{} {} {}: {} already serving, nothing to do\n", noun, id, c.style.state(state), name);
-    else if (state == "succeeded" && !changed && s.noun == "stop")
+    else if (state == "succeeded" && !changed && noun_of_kind == "stop")
       fmt::print("{} {} {}: {} was not in service, nothing to do\n", noun, id, c.style.state(state), name);
     else if (state == "succeeded")
       fmt::print("{} {} {}{}\n", noun, id, c.style.state(state),
-                 s.noun == "pull" && !changed ? " (already on disk and verified)" : "");
+                 noun_of_kind == "pull" && !changed ? " (already on disk and verified)" : "");
     else
       fmt::print("{} {} {} in phase {}\n", noun, id, c.style.state(state), modelctl::str(*f, "phase", "?"));
     if (const auto& e = f->value("error", json()); e.is_object())
@@ -253,9 +260,48 @@ int cmd_deploy(Context& c, const std::string& name, bool wait, const DeployOptio
   return start_record(c, name, wait, {"/v1/deployments", modeld::util::dump_json(body), "deployment", "Deploying"});
 }
 
-int cmd_pull(Context& c, const std::string& name, bool wait) {
+int cmd_pull(Context& c, const std::string& name, bool wait, const std::string& commit) {
+  const std::string body = commit.empty() ? std::string() : modeld::util::dump_json(json{{"commit", commit}});
   return start_record(c, name, wait,
-                      {"/v1/models/" + modeld::util::url_encode_segment(name) + "/pull", "", "pull", "Pulling"});
+                      {"/v1/models/" + modeld::util::url_encode_segment(name) + "/pull", body, "pull", "Pulling"});
+}
+
+// The noun of a record's kind, as start_record names it.
+std::string noun_of(const json& d) {
+  const std::string kind = d.value("kind", "deploy");
+  return kind == "deploy" ? "deployment" : kind;
+}
+
+// `modelctl deployment ID [--wait]`: one record; with `wait`, followed to its end first.
+int cmd_deployment(Context& c, const std::string& id, bool wait) {
+  std::optional<modelctl::EventStream> events;
+  if (wait) {  // subscribed before reading the record, so that its end cannot slip by
+    events.emplace(c.daemon);
+    if (auto r = events->open(); !r) return unreachable(c.daemon, r.error());
+  }
+  auto r = c.daemon.call("GET", "/v1/deployments/" + modeld::util::url_encode_segment(id));
+  if (!r) return unreachable(c.daemon, r.error());
+  if (r->status != 200) {
+    print_error(c, *r);
+    return r->status == 404 ? exit_refused : exit_failed;
+  }
+  auto d = parse_body(*r);
+  if (!d) return exit_failed;
+  const std::string name = d->value("model", "");
+  if (!wait) {
+    if (c.json)
+      print_raw(r->body);
+    else
+      fmt::print("{} {} of {}: {} in phase {}\n", noun_of(*d), id, name, modelctl::str(*d, "state", "?"),
+                 modelctl::str(*d, "phase", "?"));
+    return exit_ok;
+  }
+  if (d->value("state", "running") == "running") {
+    if (!c.json) fmt::print("Following {} {} of {}\n", noun_of(*d), id, name);
+    std::fflush(stdout);
+    if (!follow_deployment(c, id, *events)) return exit_unreachable;
+  }
+  return report_end(c, name, id, noun_of(*d));
 }
 
 int cmd_stop(Context& c, const std::string& name, bool wait) {
@@ -360,9 +406,12 @@ int model_command(Context& c, const char* method, const std::string& target,
 
 std::string model_target(const std::string& name) { return "/v1/models/" + modeld::util::url_encode_segment(name); }
 
-int cmd_plan(Context& c, const std::string& name, bool allow_downtime) {
+int cmd_plan(Context& c, const std::string& name, bool allow_downtime, const std::string& commit) {
+  std::vector<std::string> params;
+  if (allow_downtime) params.emplace_back("allow_downtime=true");
+  if (!commit.empty()) params.push_back("commit=" + commit);
   return model_command(
-      c, "GET", model_target(name) + "/plan" + (allow_downtime ? "?allow_downtime=true" : ""),
+      c, "GET", model_target(name) + "/plan" + (params.empty() ? "" : fmt::format("?{}", fmt::join(params, "&"))),
       [&](const json& j) { return modelctl::plan_text(j, c.style); },
       [](const json& j) { return j.value("fits", false); });
 }
@@ -385,9 +434,10 @@ struct CommandLine {
   std::string socket;
   bool json_output = false;
   CLI::App *status = nullptr, *models = nullptr, *deploy = nullptr, *cancel = nullptr, *plan = nullptr,
-           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr, *pull = nullptr, *stop = nullptr;
+           *verify = nullptr, *rm = nullptr, *watch = nullptr, *logs = nullptr, *pull = nullptr, *stop = nullptr,
+           *deployment = nullptr;
   std::string deploy_name, plan_name, verify_name, rm_name, watch_name, logs_name, pull_name, stop_name;
-  std::string deploy_commit, rm_commit;
+  std::string deploy_commit, rm_commit, pull_commit, plan_commit, deployment_id;
   bool wait = false, allow_downtime = false, restart = false, follow = false;
 };
 
@@ -418,6 +468,8 @@ void define_commands(CLI::App& app, CommandLine& cl) {
   cl.pull = sub("pull", "download and verify a model ahead, touching no service");
   cl.pull->add_option("NAME", cl.pull_name, "model to pull")->required()->check(kModelName);
   cl.pull->add_flag("--wait", cl.wait, "follow the pull to its end");
+  cl.pull->add_option("--commit", cl.pull_commit, "pull exactly this commit, not what the branch names now")
+      ->check(kCommit);
   cl.stop = sub("stop", "take a model out of service, keeping its files and every other service");
   cl.stop->add_option("NAME", cl.stop_name, "model to stop")->required()->check(kModelName);
   cl.stop->add_flag("--wait", cl.wait, "follow the stop to its end");
@@ -425,6 +477,10 @@ void define_commands(CLI::App& app, CommandLine& cl) {
   cl.plan = sub("plan", "dry run: what a deployment would fetch and evict");
   cl.plan->add_option("NAME", cl.plan_name, "model")->required()->check(kModelName);
   cl.plan->add_flag("--allow-downtime", cl.allow_downtime, "plan as deploy --allow-downtime would");
+  cl.plan->add_option("--commit", cl.plan_commit, "plan exactly this commit, as deploy --commit would")->check(kCommit);
+  cl.deployment = sub("deployment", "show one deployment, pull or stop record by its id");
+  cl.deployment->add_option("ID", cl.deployment_id, "the record's id")->required();
+  cl.deployment->add_flag("--wait", cl.wait, "follow it to its end");
   cl.verify = sub("verify", "re-hash and re-check a model on disk");
   cl.verify->add_option("NAME", cl.verify_name, "model")->required()->check(kModelName);
   cl.rm = sub("rm", "delete a model's files");
@@ -456,10 +512,11 @@ int run_command(CommandLine& cl) {
   if (cl.models->parsed()) return cmd_models(c);
   if (cl.deploy->parsed())
     return cmd_deploy(c, cl.deploy_name, cl.wait, {cl.allow_downtime, cl.restart, cl.deploy_commit});
-  if (cl.pull->parsed()) return cmd_pull(c, cl.pull_name, cl.wait);
+  if (cl.pull->parsed()) return cmd_pull(c, cl.pull_name, cl.wait, cl.pull_commit);
+  if (cl.deployment->parsed()) return cmd_deployment(c, cl.deployment_id, cl.wait);
   if (cl.stop->parsed()) return cmd_stop(c, cl.stop_name, cl.wait);
   if (cl.cancel->parsed()) return cmd_cancel(c);
-  if (cl.plan->parsed()) return cmd_plan(c, cl.plan_name, cl.allow_downtime);
+  if (cl.plan->parsed()) return cmd_plan(c, cl.plan_name, cl.allow_downtime, cl.plan_commit);
   if (cl.verify->parsed()) return cmd_verify(c, cl.verify_name);
   if (cl.rm->parsed()) return cmd_rm(c, cl.rm_name, cl.rm_commit);
   if (cl.watch->parsed()) return modelctl::watch(daemon, {cl.watch_name, c.json, c.tty, c.style});

@@ -259,11 +259,29 @@ Response list_deployments(std::string_view query, deploy::Engine& engine) {
   return json_response(200, json{{"deployments", std::move(list)}});
 }
 
-// POST /v1/models/{name}/pull: a record of kind pull (its body, if any, is not read).
-Response start_pull(const std::string& model, deploy::Engine& engine) {
+// The body of POST /v1/models/{name}/pull: empty, or {"commit": C}; bad_request for anything else.
+Result<std::optional<std::string>> parse_pull_body(const std::string& body) {
+  if (body.empty()) return std::optional<std::string>();
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return make_error(Errc::bad_request, R"(request body must be empty or a JSON object {"commit": C})");
+  std::optional<std::string> commit;
+  for (const auto& [key, value] : j.items()) {
+    if (key != "commit") return make_error(Errc::bad_request, fmt::format("unknown field \"{}\" (known: commit)", key));
+    if (auto ok = read_commit(value, commit); !ok) return ok.error();
+  }
+  return commit;
+}
+
+// POST /v1/models/{name}/pull: a record of kind pull, of the configured revision or of the
+// body's "commit".
+Response start_pull(const std::string& model, const std::string& body, deploy::Engine& engine) {
+  auto commit = parse_pull_body(body);
+  if (!commit) return error_for(commit.error());
   deploy::DeployRequest r;
   r.model = model;
   r.kind = deploy::Kind::pull;
+  r.commit = *commit;
   auto d = engine.start(r);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
@@ -594,6 +612,7 @@ json plan_json(const deploy::PlanReport& p) {
               {"repo", p.repo},
               {"revision", p.revision},
               {"commit", p.commit},
+              {"already_serving", p.already_serving},
               {"verified", p.verified},
               {"files_total", p.files_total},
               {"bytes_total", p.bytes_total},
@@ -659,6 +678,17 @@ Result<bool> parse_bool_param(std::string_view query, std::string_view key) {
   return make_error(Errc::bad_request, fmt::format("{} must be true or false, not \"{}\"", key, v));
 }
 
+// ?commit=C of a plan: exactly that commit, as deploy --commit plans it; bad_request unless it is
+// 40 lowercase hex digits.
+Result<std::optional<std::string>> commit_param(std::string_view query) {
+  const auto params = parse_query(query);
+  const auto c = params.find("commit");
+  if (c == params.end()) return std::optional<std::string>();
+  if (!util::is_commit_id(c->second))
+    return make_error(Errc::bad_request, "commit must be a commit id of 40 lowercase hex digits");
+  return std::optional<std::string>(c->second);
+}
+
 }  // namespace
 
 boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Engine& engine, const Access& access,
@@ -686,6 +716,8 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
     auto allow_downtime = parse_bool_param(query, "allow_downtime");
     if (!allow_downtime) co_return error_for(allow_downtime.error());
+    auto commit = commit_param(query);
+    if (!commit) co_return error_for(commit.error());
     if (!util::valid_model_name(name)) co_return unknown();
     // A plan lists the Hub (and holds the listing while it runs): a few at once per user.
     std::optional<HubReads::Slot> slot;
@@ -694,7 +726,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
       if (!entered) co_return too_many(req, path, peer, *hub_reads, entered.error());
       slot.emplace(std::move(*entered));
     }
-    auto plan = co_await engine.plan(name, *allow_downtime);
+    auto plan = co_await engine.plan(name, *allow_downtime, *commit);
     if (!plan) co_return error_for(plan.error());
     co_return json_response(200, plan_json(*plan));
   }
@@ -709,7 +741,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
   if (action == "pull") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
-    co_return start_pull(name, engine);
+    co_return start_pull(name, req.body, engine);
   }
   if (action == "stop") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");

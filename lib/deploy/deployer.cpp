@@ -898,23 +898,24 @@ void Deployer::record_started(const std::string& model, const std::optional<Star
                  sys::log_failure("recording the settings of " + model, f));
 }
 
+asio::awaitable<std::optional<std::string>> Deployer::why_not_noop(const Deployment& d, const Run& run) {
+  std::optional<ActiveRecord> active;
+  if (const auto* a = state_.active.find(d.model)) active = *a;
+  const auto check = compare_with_serving(d, active, started_settings(services_, run.model));
+  if (check.verdict == Redeploy::not_serving) co_return std::string();
+  if (check.verdict != Redeploy::noop) co_return check.why;
+  // One readiness check, the watchdog's probe: a model that does not answer is restarted.
+  auto probe = [this](const config::ModelConfig& m) { return watcher_for(m.name).probe_once(m); };
+  if (auto why = co_await not_ready_reason(services_, run, probe))
+    co_return fmt::format("it serves commit {} but is not ready ({})", d.commit->substr(0, 12), *why);
+  co_return std::nullopt;
+}
+
 asio::awaitable<bool> Deployer::already_serves(Running& r) {
   auto& d = r.record;
   if (d.kind != Kind::deploy) co_return false;  // a pull never touches the service
-  std::optional<ActiveRecord> active;
-  if (const auto* a = state_.active.find(d.model)) active = *a;
-  const auto check = compare_with_serving(d, active, started_settings(r.services, r.run->model));
-  if (check.verdict == Redeploy::not_serving) co_return false;
-  const auto f = r.run->fields();
-  if (check.verdict != Redeploy::noop) {
-    sys::logf(sys::Level::notice, f, "restarting {}: {}", d.model, check.why);
-    co_return false;
-  }
-  // One readiness check, the watchdog's probe: a model that does not answer is restarted.
-  auto probe = [this](const config::ModelConfig& m) { return watcher_for(m.name).probe_once(m); };
-  if (auto why = co_await not_ready_reason(r.services, *r.run, probe)) {
-    sys::logf(sys::Level::notice, f, "restarting {}: it serves commit {} but is not ready ({})", d.model,
-              d.commit->substr(0, 12), *why);
+  if (auto why = co_await why_not_noop(d, *r.run)) {
+    if (!why->empty()) sys::logf(sys::Level::notice, r.run->fields(), "restarting {}: {}", d.model, *why);
     co_return false;
   }
   d.changed = false;
@@ -934,8 +935,9 @@ void Deployer::log_nothing_to_do(const Running& r, std::size_t next) const {
 
 asio::awaitable<void> Deployer::apply_pulled(Running& r) {
   const auto& d = r.record;
-  // The commit in service needs no mark: it is neither evicted nor cleaned up.
-  if (in_service(d.model, d.commit) || is_pulled(d.model, *d.commit)) co_return;
+  // The commit in service is marked too: the cleanup after the next deployment of its model
+  // then spares it (a fleet keeps the old revision until its rollout is finalized).
+  if (is_pulled(d.model, *d.commit)) co_return;
   state_.pulled[d.model].push_back(*d.commit);
   co_await save_state(r);
 }
@@ -1482,30 +1484,42 @@ struct BusyGuard {
 
 }  // namespace
 
-asio::awaitable<Result<PlanReport>> Deployer::plan(std::string model, bool allow_downtime) {
+asio::awaitable<Result<PlanReport>> Deployer::plan(std::string model, bool allow_downtime,
+                                                   std::optional<std::string> commit) {
   // The configuration and the state may change while the Hub answers; the plan keeps its copies.
   auto cfg = services_.config;
   const auto* m = cfg->find_model(model);
   if (!m) co_return make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", model));
   // Concurrent plans of one model under one configuration share one dry run (one listing, one
   // filtered copy of it). The key holds the configuration's address, alive while its flight runs.
-  const std::string key = fmt::format("{}\n{}\n{}", model, allow_downtime, static_cast<const void*>(cfg.get()));
+  const std::string key = fmt::format("{}\n{}\n{}\n{}", model, allow_downtime, commit.value_or(""),
+                                      static_cast<const void*>(cfg.get()));
   ++plans_waiting_;
-  auto report = co_await plans_.run(key, [&] { return plan_now(*m, allow_downtime); });
+  auto report = co_await plans_.run(key, [&] { return plan_now(*m, allow_downtime, commit); });
   // The listing's records and the plans' copies of them are freed by now: give the pages back
   // (on the event loop: a few ms), once, when the last plan of a burst has its answer.
   if (--plans_waiting_ == 0) util::release_free_memory();
   co_return report;
 }
 
-asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig& m, bool allow_downtime) {
+asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig& m, bool allow_downtime,
+                                                       std::optional<std::string> commit) {
   std::optional<std::string> active;
   if (const auto* last = state_.active.last()) active = last->model;
   const Serving serving{models_of(state_.active.services),
                         models_of(conflicting(state_.active.services, placement_of(m), *services_.config))};
   const auto last_active = state_.last_active;
   const auto pulled = state_.pulled;
-  co_return co_await dry_run_plan(services_, m, allow_downtime, serving, active, last_active, pulled);
+  const std::string revision = commit.value_or(m.revision);
+  auto report = co_await dry_run_plan(services_, m, revision, allow_downtime, serving, active, last_active, pulled);
+  if (!report) co_return report;
+  // What a deployment of the planned commit would decide after its planning.
+  Deployment d;
+  d.model = m.name;
+  d.commit = report->commit;
+  const Run run{.record = d, .model = m};
+  report->already_serving = !(co_await why_not_noop(d, run));
+  co_return report;
 }
 
 asio::awaitable<std::optional<Error>> Deployer::unknown_model(const std::string& model) {

@@ -96,7 +96,8 @@ class Deployer final : public Engine {
   /// stat), and never the event loop. A revision never verified is "partial", one whose files no
   /// longer match its manifest "corrupt".
   boost::asio::awaitable<std::vector<ModelInfo>> models() override;
-  boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime) override;
+  boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime,
+                                                  std::optional<std::string> commit) override;
   boost::asio::awaitable<Result<VerifyReport>> verify(std::string model) override;
   boost::asio::awaitable<Result<Removal>> remove(std::string model) override;
   boost::asio::awaitable<Result<Removal>> remove_revision(std::string model, std::string commit) override;
@@ -157,6 +158,10 @@ class Deployer final : public Engine {
   // started settings and is ready (then the record says changed: false, persisted); logs why it
   // restarts the model otherwise (settings changed, restart requested, not ready).
   boost::asio::awaitable<bool> already_serves(Running& r);
+  // The no-op rule for deployment `d` (a deploy of run.model at d.commit), which both a deployment
+  // and a plan decide with: nullopt when it would change nothing, else why not ("" when the model
+  // does not serve that commit at all). Probes the serving model once.
+  boost::asio::awaitable<std::optional<std::string>> why_not_noop(const Deployment& d, const Run& run);
   // The journal line "nothing to do" of each step of the plan from index `next` on.
   void log_nothing_to_do(const Running& r, std::size_t next) const;
   // A pull succeeded: its commit recorded as pulled in the daemon's state (unless it serves).
@@ -237,7 +242,8 @@ class Deployer final : public Engine {
   std::vector<RevisionInfo> revisions_of(const std::string& model,
                                          const std::vector<std::pair<std::string, std::string>>& on_disk) const;
   // The dry run of plan() for model `m` of the configuration plan() holds while it runs.
-  boost::asio::awaitable<Result<PlanReport>> plan_now(const config::ModelConfig& m, bool allow_downtime);
+  boost::asio::awaitable<Result<PlanReport>> plan_now(const config::ModelConfig& m, bool allow_downtime,
+                                                      std::optional<std::string> commit);
 
   boost::asio::io_context& io_;
   Services services_;

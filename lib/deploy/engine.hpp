@@ -88,6 +88,9 @@ struct PlanReport {
   std::string warming = "before_stop";
   /// Without allow_downtime and not fitting: whether evicting the active model would make it fit.
   bool fits_with_allow_downtime = false;
+  /// A deployment of this commit would end succeeded with changed false: the model serves it with
+  /// the same started settings, its unit is active, its files match and its probe passes.
+  bool already_serving = false;
 };
 
 /// One thing wrong with a model on disk (POST /v1/models/{name}/verify).
@@ -213,10 +216,13 @@ class Engine {
   /// Configured models with their on-disk state; the store walk runs off the event loop (an
   /// engine answers without waiting behind its own disk work: see Deployer::models).
   virtual boost::asio::awaitable<std::vector<ModelInfo>> models() = 0;
-  /// Dry run of planning and freeing_disk for `model`: lists the Hub, changes nothing on disk.
+  /// Dry run of planning and freeing_disk for `model` at `commit` (nullopt: its configured
+  /// revision): lists the Hub, changes nothing on disk, and says whether deploying it would change
+  /// nothing (PlanReport::already_serving: the no-op rule, with one probe of the serving model).
   /// Errors: unknown_model; the Hub's (hub_not_found, hub_unavailable, network_error, ...,
   /// messages naming the repository); plan_invalid for filters that drop needed files; io_error.
-  virtual boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime) = 0;
+  virtual boost::asio::awaitable<Result<PlanReport>> plan(std::string model, bool allow_downtime,
+                                                          std::optional<std::string> commit) = 0;
   /// Re-hashes and re-checks the on-disk revision of `model` (the one models_dir/NAME points to,
   /// else the newest verified one) on the disk pool; problems are a value, not an error. A clean
   /// result refreshes the manifest's file identities. Errors: unknown_model; not_found when no

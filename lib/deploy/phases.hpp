@@ -202,13 +202,14 @@ Result<store::DiskPlan> plan_freeing_disk(Services& s, std::uint64_t need, const
                                           const std::map<std::string, std::string>& last_active,
                                           bool may_evict_active, const Pulled& pulled = {});
 
-/// The dry run behind `modelctl plan`: list_planned_files, the store's dry-run of linking
+/// The dry run behind `modelctl plan` at `revision` (a branch, tag or commit; the configured one,
+/// or `plan --commit`): list_planned_files, the store's dry-run of linking
 /// (Store::plan_missing), partial bytes and plan_freeing_disk, disk work on the disk pool;
 /// changes nothing on disk. `serving` are the services in service and those the deployment
 /// would stop (PlanReport::stops); `active` the one put into service last; models with a revision
 /// in `pulled` are not evicted. Errors as list_planned_files, io_error.
 boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
-                                                               bool allow_downtime, const Serving& serving,
+                                                               const std::string& revision, bool allow_downtime, const Serving& serving,
                                                                const std::optional<std::string>& active,
                                                                const std::map<std::string, std::string>& last_active,
                                                                const Pulled& pulled = {});

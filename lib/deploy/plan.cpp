@@ -360,16 +360,16 @@ Result<PlanReport> plan_on_disk(Services& s, const config::ModelConfig& model, c
 }  // namespace
 
 boost::asio::awaitable<Result<PlanReport>> dry_run_plan(Services& s, const config::ModelConfig& model,
-                                                        bool allow_downtime, const Serving& serving,
+                                                        const std::string& revision, bool allow_downtime, const Serving& serving,
                                                         const std::optional<std::string>& active,
                                                         const std::map<std::string, std::string>& last_active,
                                                         const Pulled& pulled) {
-  auto listed = co_await list_planned_files(s, model, model.revision);
+  auto listed = co_await list_planned_files(s, model, revision);
   if (!listed) co_return listed.error();
   PlanReport p;
   p.model = model.name;
   p.repo = model.repo;
-  p.revision = model.revision;
+  p.revision = revision;
   p.commit = listed->commit;
   p.allow_downtime = allow_downtime;
   p.active_model = active;

@@ -231,11 +231,12 @@ class ModelctlClient:
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    def api(self, method: str, path: str, timeout: float = 10) -> tuple[int, dict[str, str], str]:
+    def api(self, method: str, path: str, timeout: float = 10,
+            body: str | None = None) -> tuple[int, dict[str, str], str]:
         """One request to the daemon's socket without modelctl: (status, headers, body)."""
         conn = UnixHTTPConnection(str(self.socket), timeout)
         try:
-            conn.request(method, path)
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
             r = conn.getresponse()
             return r.status, dict(r.getheaders()), r.read().decode()
         finally:

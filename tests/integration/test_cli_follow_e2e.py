@@ -263,16 +263,18 @@ def complete(words: list[str], env_vars: dict[str, str] | None = None) -> tuple[
 
 def test_completion_offers_commands_and_each_commands_options(tmp_path: Path):
     commands, _ = complete(["modelctl", ""])
-    assert commands == ["status", "deploy", "pull", "stop", "plan", "cancel", "models", "verify", "rm", "logs",
-                        "watch"]
+    assert commands == ["status", "deploy", "pull", "stop", "plan", "deployment", "cancel", "models", "verify", "rm",
+                        "logs", "watch"]
     assert complete(["modelctl", "w"])[0] == ["watch"]
-    assert complete(["modelctl", "--json", "de"])[0] == ["deploy"]
+    assert complete(["modelctl", "--json", "depl"])[0] == ["deploy", "deployment"]
+    assert set(complete(["modelctl", "deployment", "--"])[0]) == {"--wait", "--socket", "--json", "--help"}
     assert set(complete(["modelctl", "deploy", "--"])[0]) == {"--wait", "--allow-downtime", "--restart", "--commit",
                                                               "--socket", "--json", "--help"}
-    assert set(complete(["modelctl", "pull", "--"])[0]) == {"--wait", "--socket", "--json", "--help"}
+    assert set(complete(["modelctl", "pull", "--"])[0]) == {"--wait", "--commit", "--socket", "--json", "--help"}
     assert set(complete(["modelctl", "stop", "--"])[0]) == {"--wait", "--socket", "--json", "--help"}
     assert set(complete(["modelctl", "rm", "--"])[0]) == {"--commit", "--socket", "--json", "--help"}
-    assert set(complete(["modelctl", "plan", "--"])[0]) == {"--allow-downtime", "--socket", "--json", "--help"}
+    assert set(complete(["modelctl", "plan", "--"])[0]) == {"--allow-downtime", "--commit", "--socket", "--json",
+                                                            "--help"}
     assert set(complete(["modelctl", "logs", "-"])[0]) == {"-f", "--follow", "--socket", "--json", "--help"}
     assert complete(["modelctl", "deploy", "--w"])[0] == ["--wait"]
     assert set(complete(["modelctl", "status", "--"])[0]) == {"--socket", "--json", "--help"}

@@ -140,3 +140,29 @@ def test_a_changed_environment_restarts_the_serving_model_with_it(env):
     assert now != pid
     assert environ(env, now).get("VLLM_X") == "3"
     assert_noop(env, now)
+
+
+def plan_json(env: ModeldEnv, *flags: str) -> dict:
+    r = env.modelctl("--json", "plan", "kimi", *flags)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_plan_predicts_whether_a_deploy_would_change_anything_and_touches_nothing(env):
+    pid = serving_pid(env)
+    plan = plan_json(env)
+    assert plan["already_serving"] is True, plan
+    commit = env.status()["active"]["commit"]
+    assert plan_json(env, "--commit", commit)["already_serving"] is True
+    human = env.modelctl("plan", "kimi")
+    assert f"kimi already serves commit {commit[:12]} with the same settings" in human.stdout, human.stdout
+    # Another commit, or other settings: a deploy would restart, and the plan says so.
+    other = "0" * 40
+    r = env.modelctl("--json", "plan", "kimi", "--commit", other)
+    assert r.returncode != 0 or json.loads(r.stdout)["already_serving"] is False, r.stdout
+    configure(env, table(env.ports["kimi"], "4"))
+    assert plan_json(env)["already_serving"] is False
+    assert env.main_pid(UNIT) == pid, "a plan restarted the server"
+    _, dep = deploy(env)
+    assert dep["changed"] is True
+    assert plan_json(env)["already_serving"] is True

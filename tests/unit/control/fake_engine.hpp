@@ -112,8 +112,9 @@ class FakeEngine : public deploy::Engine {
     return make_error(Errc::not_found, "no deployment " + id);
   }
   boost::asio::awaitable<std::vector<deploy::ModelInfo>> models() override { co_return configured; }
-  boost::asio::awaitable<Result<deploy::PlanReport>> plan(std::string model, bool allow_downtime) override {
-    asked.push_back("plan " + model + (allow_downtime ? " true" : " false"));
+  boost::asio::awaitable<Result<deploy::PlanReport>> plan(std::string model, bool allow_downtime,
+                                                          std::optional<std::string> commit) override {
+    asked.push_back("plan " + model + (allow_downtime ? " true" : " false") + (commit ? " " + *commit : ""));
     if (!known.count(model)) co_return make_error(Errc::unknown_model, "no model named " + model);
     if (auto gate = plan_gate)  // held until the test cancels the timer
       co_await gate->async_wait(boost::asio::as_tuple(boost::asio::use_awaitable));

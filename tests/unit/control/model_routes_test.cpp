@@ -32,8 +32,10 @@ Access members_only() {
   return a;
 }
 
-Response call(FakeEngine& e, std::string method, std::string target, const Peer& peer = member) {
-  return control::test::answer(e, Request{std::move(method), std::move(target), {}}, peer, members_only());
+Response call(FakeEngine& e, std::string method, std::string target, const Peer& peer = member,
+              std::string body = {}) {
+  return control::test::answer(e, Request{std::move(method), std::move(target), std::move(body)}, peer,
+                               members_only());
 }
 
 
@@ -208,6 +210,32 @@ TEST_CASE("a pull starts a record of kind pull and answers 202 with it") {
   REQUIRE(e.deployments.size() == 1);
   CHECK(e.deployments[0].kind == deploy::Kind::pull);
   CHECK_FALSE(e.deployments[0].commit);
+}
+
+TEST_CASE("a pull of a commit passes it on, and a body that is not {commit} is 400") {
+  FakeEngine e;
+  const std::string c(40, 'b');
+  auto r = call(e, "POST", "/v1/models/llama/pull", member, R"({"commit": ")" + c + R"("})");
+  REQUIRE(r.status == 202);
+  REQUIRE(e.deployments.size() == 1);
+  CHECK(e.deployments[0].commit == c);
+  require_error(call(e, "POST", "/v1/models/llama/pull", member, R"({"commit": "main"})"), 400, "bad_request");
+  require_error(call(e, "POST", "/v1/models/llama/pull", member, R"({"revision": "main"})"), 400, "bad_request");
+  require_error(call(e, "POST", "/v1/models/llama/pull", member, "[1]"), 400, "bad_request");
+  CHECK(e.deployments.size() == 1);
+}
+
+TEST_CASE("a plan of a commit passes it on and answers already_serving, a bad commit is 400") {
+  FakeEngine e;
+  e.plan_result = sample_plan();
+  e.plan_result->already_serving = true;
+  const std::string c(40, 'c');
+  auto r = call(e, "GET", "/v1/models/llama/plan?commit=" + c, stranger);
+  REQUIRE(r.status == 200);
+  CHECK(e.asked == std::vector<std::string>{"plan llama false " + c});
+  CHECK(body_of(r)["already_serving"] == true);
+  require_error(call(e, "GET", "/v1/models/llama/plan?commit=main"), 400, "bad_request");
+  CHECK(e.asked.size() == 1);
 }
 
 TEST_CASE("a pull is refused 403 to a stranger, 404 for an unknown model, 405 for GET, 409 while a record runs") {

@@ -1,0 +1,162 @@
+"""End to end, the Ansible module modeld.fleet.modeld_deploy (ansible/) against a real modeld under
+a namespaced systemd with the bundled hub, run by Debian's ansible as an operator would
+(`ansible localhost -c local -m modeld.fleet.modeld_deploy`): real `changed` from the record,
+check mode predicting it through `plan`, reattachment to a running record of the same kind by
+its id, a busy host waited for within busy_timeout, rm of a revision, and a failed record
+failing the task with its error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from contract_helpers import push
+from modeld_env import SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for, write_control
+from nsystemd import unsupported_reason
+
+pytestmark = [
+    pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or ""),
+    pytest.mark.skipif(shutil.which("ansible") is None, reason="ansible is missing (scripts/install-deps.sh)"),
+]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    work = tmp_path_factory.mktemp("ansible")
+    control = work / "hub-control.json"
+    write_control(control)
+    e = ModeldEnv(workdir=work, hub_args=["--control", str(control)])
+    e.hub_control = control
+    e.add_repo("acme/m", shards=2, shard_size=200_000, seed=181)
+    e.add_repo("acme/broken", shards=2, shard_size=100_000, seed=182)
+    e.ports = {"m": free_port(), "broken": free_port()}
+    collections = work / "collections" / "ansible_collections" / "modeld"
+    collections.mkdir(parents=True)
+    (collections / "fleet").symlink_to(SOURCE_DIR / "ansible")
+    e.ansible_env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(work / "collections"), ANSIBLE_NOCOLOR="1",
+                         ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_LOCAL_TEMP=str(work / "ansible-tmp"),
+                         ANSIBLE_REMOTE_TEMP=str(work / "ansible-remote-tmp"), ANSIBLE_STDOUT_CALLBACK="json",
+                         ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_PYTHON_INTERPRETER="/usr/bin/python3")
+    try:
+        e.start(model_table("m", "acme/m", e.ports["m"])
+                + model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--fail-health"],
+                              startup_timeout="5s"))
+        yield e
+    finally:
+        e.stop()
+
+
+def module(env: ModeldEnv, *, check: bool = False, **params) -> dict:
+    """Runs the module once on localhost; returns its result (rc in "rc_ansible")."""
+    params.setdefault("modelctl", str(env.modelctl_bin))
+    params.setdefault("socket", str(env.socket))
+    argv = ["ansible", "localhost", "-c", "local", "-i", "localhost,", "-m", "modeld.fleet.modeld_deploy",
+            "-a", json.dumps(params)] + (["--check"] if check else [])
+    return parse(subprocess.run(argv, env=env.ansible_env, capture_output=True, text=True, timeout=300))
+
+
+def spawn(env: ModeldEnv, **params) -> subprocess.Popen:
+    params.setdefault("modelctl", str(env.modelctl_bin))
+    params.setdefault("socket", str(env.socket))
+    argv = ["ansible", "localhost", "-c", "local", "-i", "localhost,", "-m", "modeld.fleet.modeld_deploy",
+            "-a", json.dumps(params)]
+    return subprocess.Popen(argv, env=env.ansible_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def parse(r) -> dict:
+    out = r.stdout if isinstance(r, subprocess.CompletedProcess) else r[0]
+    try:
+        doc = json.loads(out)
+        result = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    except (ValueError, KeyError, IndexError):
+        raise AssertionError(f"ansible printed no result:\n{out}\n{r.stderr if hasattr(r, 'stderr') else r[1]}")
+    return result
+
+
+def test_check_mode_predicts_a_first_deploy_and_changes_nothing(env):
+    r = module(env, check=True, name="m")
+    assert not r.get("failed"), r
+    assert r["changed"] is True and r["already_serving"] is False, r
+    assert env.status()["deployment"] is None, "check mode started a deployment"
+
+
+def test_a_deploy_changes_and_the_same_again_does_not(env):
+    r = module(env, name="m")
+    assert not r.get("failed"), r
+    assert r["changed"] is True and r["deployment"]["state"] == "succeeded", r
+    assert r["previous_commit"] is None and r["commit"] == env.status()["active"]["commit"]
+    pid = env.main_pid("modeld-serve@m.service")
+    again = module(env, name="m", commit=r["commit"])
+    assert not again.get("failed") and again["changed"] is False, again
+    assert again["previous_commit"] == r["commit"]
+    predicted = module(env, check=True, name="m", commit=r["commit"])
+    assert predicted["changed"] is False and predicted["already_serving"] is True, predicted
+    assert env.main_pid("modeld-serve@m.service") == pid
+
+
+def test_a_running_pull_of_the_same_commit_is_reattached_to_by_its_id(env):
+    new = push(env, "acme/m", 51)
+    write_control(env.hub_control, hold="acme/m/*")
+    try:
+        started = json.loads(env.modelctl("--json", "pull", "m", "--commit", new).stdout)
+        wait_for("a held download", lambda: env.hub.stats()["held"] >= 1, timeout=60)
+        task = spawn(env, name="m", commit=new, action="pull")
+        wait_for("the module following the pull", lambda: task.poll() is None and _follower(started["id"]), timeout=30)
+    finally:
+        write_control(env.hub_control)
+    r = parse(task.communicate(timeout=120))
+    assert not r.get("failed"), r
+    assert r["deployment"]["id"] == started["id"] and r["changed"] is True, r
+    history = json.loads(env.api("GET", "/v1/deployments")[2])["deployments"]
+    assert sum(1 for d in history if d["kind"] == "pull") == 1, "the module started a second pull"
+
+
+def _follower(record_id: str) -> bool:
+    """Whether a `modelctl deployment ID --wait` of that record runs now."""
+    r = subprocess.run(["pgrep", "-f", f"deployment {record_id} --wait"], capture_output=True)
+    return r.returncode == 0
+
+
+def test_a_busy_host_is_waited_for_within_busy_timeout(env):
+    other = push(env, "acme/broken", 52)
+    write_control(env.hub_control, hold="acme/broken/*")
+    try:
+        json.loads(env.modelctl("--json", "pull", "broken", "--commit", other).stdout)
+        wait_for("a held download", lambda: env.hub.stats()["held"] >= 1, timeout=60)
+        r = module(env, name="m", busy_timeout=2, poll_interval=1)
+        assert r.get("failed") and "busy with pull" in r["msg"] and "broken" in r["msg"], r
+        task = spawn(env, name="m", busy_timeout=120, poll_interval=1)
+    finally:
+        write_control(env.hub_control)
+    done = parse(task.communicate(timeout=180))
+    assert not done.get("failed"), done
+    assert done["deployment"]["kind"] == "deploy" and done["deployment"]["state"] == "succeeded", done
+
+
+def test_rm_removes_a_kept_revision_once(env):
+    old = env.status()["active"]["commit"]
+    keep = module(env, name="m", commit=old, action="pull")  # kept through the next cleanup
+    assert not keep.get("failed") and keep["changed"] is False, keep
+    new = push(env, "acme/m", 53)
+    assert module(env, name="m", commit=new)["changed"] is True
+    models = json.loads(env.modelctl("--json", "models").stdout)["models"]
+    kept = [r["commit"] for m in models if m["name"] == "m" for r in m["revisions"] if r["commit"] == old]
+    assert kept, models
+    assert module(env, check=True, name="m", commit=kept[0], action="rm")["changed"] is True
+    r = module(env, name="m", commit=kept[0], action="rm")
+    assert not r.get("failed") and r["changed"] is True, r
+    again = module(env, name="m", commit=kept[0], action="rm")
+    assert not again.get("failed") and again["changed"] is False, again
+
+
+def test_a_failed_deployment_fails_the_task_with_its_error(env):
+    r = module(env, name="broken")
+    assert r.get("failed"), r
+    assert "ended failed" in r["msg"] or "rolled_back" in r["msg"], r
+    assert r["deployment"]["state"] in ("failed", "rolled_back"), r
+    bad = module(env, name="m", commit="main")
+    assert bad.get("failed") and "40 lowercase hex" in bad["msg"], bad
