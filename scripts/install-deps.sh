@@ -36,7 +36,7 @@ apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
     systemd dbus util-linux procps curl python3 python3-pytest \
     openssl tinyproxy mitmproxy aria2 prometheus tmux \
     dpkg-dev file gzip lintian fuse3 python3-fuse e2fsprogs nginx-core \
-    ansible ansible-lint python3-apt >/dev/null
+    ansible ansible-lint python3-apt openssh-server openssh-client iproute2 >/dev/null
 # dpkg-dev (dpkg-shlibdeps), file and gzip are what scripts/package.sh's CPack DEB run needs;
 # lintian checks the package (docs/packaging.md).
 # fuse3 and python3-fuse run tests/fixtures/slow_fs.py, a disk that stalls on purpose
@@ -46,11 +46,15 @@ apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
 # tests/integration/test_site_cache_e2e.py, as its own instance; the package's service stays off.
 # ansible and ansible-lint (6.13) check the collection in ansible/ (tests/checks/ansible_collection.py)
 # and drive it; python3-apt is what its apt module needs on the hosts it installs modeld on.
+# openssh-server, openssh-client and iproute2 make the simulated hosts of tests/integration/fleet.py
+# (each runs its own sshd in its own network namespace); the machine's own ssh service stays off.
 # tinyproxy (a CONNECT proxy) and mitmproxy (a TLS-intercepting proxy, standing in for
 # Dragonfly) are real proxies for the tests; aria2 is a baseline of tests/bench/download.
 # The tinyproxy package starts a system service; the tests run their own instances.
 systemctl disable --now tinyproxy >/dev/null 2>&1 || true
 systemctl disable --now nginx >/dev/null 2>&1 || true
+systemctl disable --now ssh.service >/dev/null 2>&1 || true
+systemctl disable --now ssh.socket >/dev/null 2>&1 || true
 # prometheus is here for promtool (`promtool check metrics` in tests/integration/test_ops_e2e.py);
 # its package enables a server and an exporter that nothing here wants running.
 # (One at a time: systemctl gives up on the whole list when one unit is missing.)

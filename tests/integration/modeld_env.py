@@ -127,6 +127,14 @@ def make_leaf(ca: tuple[Path, Path], folder: Path, stem: str,
     return cert, key
 
 
+def package(version: str | None = None) -> Path:
+    """Runs scripts/package.sh on the test build; returns the .deb it wrote."""
+    args = [str(SOURCE_DIR / "scripts" / "package.sh"), str(BUILD_DIR)] + ([version] if version else [])
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"package.sh failed ({r.returncode}):\n{r.stderr[-4000:]}"
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
 class Hub:
     """The bundled Hub fixture serving repositories from a folder."""
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import time
@@ -47,6 +48,16 @@ _BOOT_SCRIPT = (
 # so a query can never see another run's entries (the host's journal and every namespaced boot
 # share the machine and boot IDs, and another test may be running at the same time).
 _PRIVATE_JOURNAL = "if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi && "
+
+
+# The hierarchies a namespaced systemd of this machine's systemd (252, hybrid cgroups) tracks its
+# units in: the named v1 hierarchy and the unified one.
+CGROUP_ROOTS = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified")
+# Inside a cgroup namespace: a writable /sys/fs/cgroup with both hierarchies mounted anew, each
+# rooted at the namespace's own control group.
+_CGROUP_MOUNTS = ("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd /sys/fs/cgroup/unified && "
+                  "mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && "
+                  "mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified")
 
 
 class Unsupported(Exception):
@@ -78,13 +89,19 @@ class NamespacedSystemd:
 
     def __init__(self, log_path: str | os.PathLike | None = None, boot_timeout: float = 60.0,
                  stop_timeout: float = 60.0, keep_log: bool = False, private_journal: bool = True,
-                 pre_boot: Iterable[str] = ()):
+                 pre_boot: Iterable[str] = (), network: bool = False):
         """The systemd's console output goes to `log_path`, which is kept; without one, to a
         temporary file removed by stop() unless `keep_log`. Errors quote the log's tail. With
         `private_journal` (tests) the journal lives and dies with this systemd; without it (the
         demo) it is flushed into the host's /var/log/journal, where the operator can read it later.
         `pre_boot`: shell commands run in the new mount namespace before the recipe's own mounts
-        (e.g. overlay mounts over /usr, /etc and /var for a package install); all must succeed."""
+        (e.g. overlay mounts over /usr, /etc and /var for a package install); all must succeed.
+        `network`: a network and UTS namespace of its own too (a simulated host: only loopback
+        until the test gives it a link; run() enters them), and a cgroup namespace rooted at a
+        control group of its own (CGROUP_ROOTS/NAME), so that several such systemds on one
+        machine never share a unit's control group (same unit names on every host)."""
+        self.network = network
+        self.cgroups = [Path(r) / f"nsystemd-{os.getpid()}-{id(self):x}" for r in CGROUP_ROOTS] if network else []
         self.private_journal = private_journal
         self.pre_boot = list(pre_boot)
         self.boot_timeout = boot_timeout
@@ -112,10 +129,21 @@ class NamespacedSystemd:
             raise Unsupported(reason)
         self.started_at = time.time()
         env = dict(os.environ, container="other")
+        wrap: list[str] = []
+        if self.cgroups:
+            # Into a control group of its own first (per hierarchy), then a cgroup namespace
+            # rooted there, whose hierarchies are mounted anew inside: the systemd sees and manages
+            # only its own subtree.
+            for cg in self.cgroups:
+                cg.mkdir(exist_ok=True)
+            wrap = ["sh", "-c", 'for g; do [ "$g" = -- ] && break; echo $$ > "$g/cgroup.procs"; shift; done; shift; exec "$@"',
+                    "sh", *[str(c) for c in self.cgroups], "--"]
+            self.pre_boot = [_CGROUP_MOUNTS] + self.pre_boot
         # Popen's child is not a process group leader, so setsid(1) makes the new session
         # without forking and self._proc.pid is unshare's PID.
         self._proc = subprocess.Popen(
-            ["setsid", "unshare", "--pid", "--mount", "--fork", "--mount-proc",
+            [*wrap, "setsid", "unshare", "--pid", "--mount", "--fork", "--mount-proc",
+             *(["--net", "--uts", "--cgroup"] if self.network else []),
              "--propagation", "private", "sh", "-c",
              "".join(f"{step} && " for step in self.pre_boot)
              + _BOOT_SCRIPT.format(journal=_PRIVATE_JOURNAL if self.private_journal else "")],
@@ -150,6 +178,12 @@ class NamespacedSystemd:
                 os.kill(self.pid, 9)  # PID 1 of the namespace: the kernel ends all of it
             self._proc.wait(timeout=30)
         self._proc = None
+        for cg in self.cgroups:  # what the systemd left of its subtree, deepest first
+            for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [cg]:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
         self._log.close()
         if not self.keep_log:
             self.log_path.unlink(missing_ok=True)
@@ -212,7 +246,7 @@ class NamespacedSystemd:
     # -- internals ------------------------------------------------------------------------------
 
     def _nsenter(self, cmd: list[str]) -> list[str]:
-        return ["nsenter", "-t", str(self.pid), "-p", "-m", *cmd]
+        return ["nsenter", "-t", str(self.pid), "-p", "-m", *(["-n", "-u"] if self.network else []), *cmd]
 
     def _find_systemd(self) -> int | None:
         """unshare's child once it has exec'd systemd."""
@@ -233,3 +267,25 @@ class NamespacedSystemd:
         # Right after the fork this fails with "Failed to connect to bus": poll it.
         out = self.run(["systemctl", "is-system-running"], timeout=30).stdout.strip()
         return out if out in ("running", "degraded") else None
+
+
+class OverlaySystemd(NamespacedSystemd):
+    """A NamespacedSystemd whose `overlaid` folders (default /usr, /etc and /var) are overlayfs
+    mounts over the host's, with their upper layers under `layers` (made before systemd boots, in
+    its mount namespace): what dpkg or the test writes there stays in `layers`, the host's folders
+    stay as they were."""
+
+    def __init__(self, layers: Path, overlaid: Iterable[str] = ("usr", "etc", "var"), **kwargs):
+        super().__init__(**kwargs)
+        self.layers = layers
+        self.overlaid = tuple(overlaid)
+
+    def start(self) -> "OverlaySystemd":
+        steps = []
+        for d in self.overlaid:
+            upper, work = shlex.quote(str(self.layers / "upper" / d)), shlex.quote(str(self.layers / "work" / d))
+            steps.append(f"mkdir -p {upper} {work} && mount -t overlay overlay "
+                         f"-o lowerdir=/{d},upperdir={upper},workdir={work} /{d}")
+        self.pre_boot = steps + self.pre_boot
+        return super().start()
+

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -24,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from modeld_env import BUILD_DIR, SOURCE_DIR, Hub, ModeldUnreachable, completion, free_port, model_table, wait_for
-from nsystemd import NamespacedSystemd, unsupported_reason
+from modeld_env import SOURCE_DIR, Hub, ModeldUnreachable, completion, free_port, model_table, package, wait_for
+from nsystemd import OverlaySystemd, unsupported_reason
 
 sys.path.insert(0, str(SOURCE_DIR / "tests" / "fixtures"))
 import make_checkpoint  # noqa: E402
@@ -43,30 +42,11 @@ def _why_not() -> str | None:
 
 pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 
-OVERLAID = ("usr", "etc", "var")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # A shard of "second" is 2 MiB and each answer runs at 32 KiB/s while throttled: its download
 # cannot end (over a minute) before the upgrade restarts modeld a few seconds after it began.
 THROTTLE = 32 * 1024
 SECOND_SHARD = 2 * 1024 * 1024
-
-
-class OverlaySystemd(NamespacedSystemd):
-    """A NamespacedSystemd whose /usr, /etc and /var are overlayfs mounts over the host's, with
-    their upper layers under `layers` (made before systemd boots, in its mount namespace)."""
-
-    def __init__(self, layers: Path, **kwargs):
-        super().__init__(**kwargs)
-        self.layers = layers
-
-    def start(self) -> "OverlaySystemd":
-        steps = []
-        for d in OVERLAID:
-            upper, work = shlex.quote(str(self.layers / "upper" / d)), shlex.quote(str(self.layers / "work" / d))
-            steps.append(f"mkdir -p {upper} {work} && mount -t overlay overlay "
-                         f"-o lowerdir=/{d},upperdir={upper},workdir={work} /{d}")
-        self.pre_boot = steps
-        return super().start()
 
 
 def host_fingerprint() -> dict:
@@ -78,14 +58,6 @@ def host_fingerprint() -> dict:
              "/var/lib/dpkg/info/modeld.list"]
     group = subprocess.run(["getent", "group", "modeld"], capture_output=True, text=True).stdout
     return {"dpkg_status": status, "exists": {p: os.path.lexists(p) for p in paths}, "group": group}
-
-
-def package(version: str | None = None) -> Path:
-    """Runs scripts/package.sh on the test build; returns the .deb it wrote."""
-    args = [str(SOURCE_DIR / "scripts" / "package.sh"), str(BUILD_DIR)] + ([version] if version else [])
-    r = subprocess.run(args, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"package.sh failed ({r.returncode}):\n{r.stderr[-4000:]}"
-    return Path(r.stdout.strip().splitlines()[-1])
 
 
 class PackageEnv:
