@@ -153,7 +153,9 @@ class Hub:
         self.port, self.cdn_port = ports["hub_port"], ports["cdn_port"]
         self.cdn_host = ports.get("cdn_host", "127.0.0.1")  # --cdn-host, where Location points
         self.tls = "--tls-cert" in (extra_args or [])
-        self.endpoint = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        args = extra_args or []
+        self.host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"  # both listeners
+        self.endpoint = f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def _ports(self):
         if self.proc.poll() is not None:

@@ -9,6 +9,7 @@ namespace is given.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import signal
@@ -22,12 +23,29 @@ SHIPPED = SOURCE_DIR / "config" / "site-cache"
 NGINX = "/usr/sbin/nginx"
 
 
-def make_tls(folder: Path, sans: str) -> tuple[Path, Path, Path]:
-    """A test CA and one server certificate for the subjectAltName list `sans` (e.g.
-    "IP:127.0.0.4,IP:127.0.0.2"); returns (ca.pem, server.pem, server.key)."""
+def make_tls(folder: Path, names_and_ips) -> tuple[Path, Path, Path]:
+    """A test CA and one server certificate; returns (ca.pem, server.pem, server.key).
+    `names_and_ips`: a subjectAltName string ("IP:127.0.0.4,DNS:cache") or an iterable of names
+    and addresses (["127.0.0.4", "cache"]); an address is put in both as IP and as DNS entry,
+    since nginx checks an upstream's certificate by DNS names only."""
+    if isinstance(names_and_ips, str):
+        sans = names_and_ips
+    else:
+        entries = []
+        for n in names_and_ips:
+            entries += [f"IP:{n}", f"DNS:{n}"] if _is_address(n) else [f"DNS:{n}"]
+        sans = ",".join(entries)
     ca = make_ca(folder)
     cert, key = make_leaf(ca, folder, "server", sans)
     return ca[0], cert, key
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _sub(text: str, old: str, new: str, where: str) -> str:
@@ -38,13 +56,18 @@ def _sub(text: str, old: str, new: str, where: str) -> str:
 
 
 class SiteCache:
-    """nginx with the shipped site cache configuration, for the test's own addresses."""
+    """nginx with the shipped site cache configuration, for the test's own addresses.
 
-    def __init__(self, workdir: Path, hub_origin: str, listen_host: str, listen_port: int,
+    hub_url: the Hub as scheme://host[:port], no path (may be set until start()); the front
+    server listens on listen_host:listen_port with cert/key; upstream_ca: the CA trusted for the
+    Hub and its CDN (default: the system's); netns: run nginx in that network namespace;
+    allow: the addresses allowed to read the cache (site.conf's allow lines)."""
+
+    def __init__(self, workdir: Path, hub_url: str, listen_host: str, listen_port: int,
                  cert: Path, key: Path, upstream_ca: Path | None = None, netns: str | None = None,
                  inner_port: int | None = None, allow: tuple[str, ...] = ("127.0.0.0/8",)):
         self.dir = Path(workdir)
-        self.hub_origin, self.host, self.port = hub_origin, listen_host, listen_port
+        self.hub_url, self.host, self.port = hub_url, listen_host, listen_port
         self.cert, self.key, self.upstream_ca, self.netns = cert, key, upstream_ca, netns
         self.inner = f"{listen_host if listen_host.startswith('127.') else '127.0.0.1'}:{inner_port or 0}"
         self.allow = allow
@@ -79,7 +102,7 @@ class SiteCache:
         allow = "".join(f"allow {a};\n    " for a in self.allow)
         for old, new in (
                 ("/var/cache/nginx/modeld-hub", str(self.dir / "cache")),
-                ('default "https://huggingface.co";', f'default "{self.hub_origin}";'),
+                ('default "https://huggingface.co";', f'default "{self.hub_url}";'),
                 ("server 127.0.0.1:8079;", f"server {self.inner};"),
                 ("listen 127.0.0.1:8079;", f"listen {self.inner};"),
                 ("/var/log/nginx/", f"{self.logs}/"),
