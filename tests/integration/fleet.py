@@ -24,7 +24,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from nsystemd import OverlaySystemd, unsupported_reason
+from nsystemd import CGROUP_ROOTS, OverlaySystemd, remove_cgroup, unsupported_reason
 from waiting import wait_for
 
 NET = "10.231.0"
@@ -61,12 +61,17 @@ def ip(*args: str) -> None:
 
 
 def remove_leftovers() -> None:
-    """Network namespaces of earlier runs whose process is gone (a run killed before teardown)."""
+    """Network namespaces and hosts' control groups of earlier runs whose process is gone (a run
+    killed before teardown)."""
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     for line in r.stdout.splitlines():
         m = re.match(rf"({PREFIX}(\d+)-\S+)", line)
         if m and not Path(f"/proc/{m.group(2)}").exists():
             subprocess.run(["ip", "netns", "delete", m.group(1)], capture_output=True)
+    for root in CGROUP_ROOTS:
+        for cg in Path(root).glob("nsystemd-*-*"):
+            if not Path(f"/proc/{cg.name.split('-')[1]}").exists():
+                remove_cgroup(cg)
 
 
 class Host:

@@ -60,6 +60,16 @@ _CGROUP_MOUNTS = ("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && mkdir /sy
                   "mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified")
 
 
+def remove_cgroup(cg: Path) -> None:
+    """Removes control group `cg` and what is left below it, deepest first (a group that still
+    holds a process stays)."""
+    for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [cg]:
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
 class Unsupported(Exception):
     """This host cannot run a namespaced systemd safely (not root, or PID 1 is systemd)."""
 
@@ -178,12 +188,8 @@ class NamespacedSystemd:
                 os.kill(self.pid, 9)  # PID 1 of the namespace: the kernel ends all of it
             self._proc.wait(timeout=30)
         self._proc = None
-        for cg in self.cgroups:  # what the systemd left of its subtree, deepest first
-            for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [cg]:
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+        for cg in self.cgroups:
+            remove_cgroup(cg)
         self._log.close()
         if not self.keep_log:
             self.log_path.unlink(missing_ok=True)
