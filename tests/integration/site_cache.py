@@ -187,9 +187,3 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def wait_logged(cache: SiteCache, what: str, predicate, timeout: float = 10.0):
-    """Waits until nginx has written a log line matching `predicate` (it writes after the answer)."""
-    return wait_for(what, lambda: [e for e in cache.access() if predicate(e)] or None, timeout=timeout)
-

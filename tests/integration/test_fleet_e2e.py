@@ -256,28 +256,29 @@ def test_the_rollback_playbook_returns_every_host_without_a_download(site):
     assert site.file_bytes() == before, "the rollback downloaded"
 
 
-def test_a_canary_that_fails_health_stops_the_rollout(site):
+def stopped_at_the_canary(site: Site, seed: int, extra: dict[str, str]) -> str:
+    """Rolls out a new commit (new shards and `extra` files) that the canary must refuse; checks
+    that the rollout failed, every host serves the old commit again and no host past the canary
+    was touched; returns the playbook's output."""
     old = set(site.serving().values()).pop()
     pids = site.main_pids()
-    push_checkpoint(site, 3, {"stand_in_fail_health.txt": "1\n"})
+    push_checkpoint(site, seed, extra)
     r = site.playbook("rollout", expect_rc=None)
     assert r.returncode != 0
     assert set(site.serving().values()) == {old}, site.serving()
     others = {h: p for h, p in site.main_pids().items() if h != "host1"}
     assert others == {h: p for h, p in pids.items() if h != "host1"}, "a host past the canary was touched"
-    assert "rolled_back" in r.stdout, r.stdout[-3000:]
+    return r.stdout
+
+
+def test_a_canary_that_fails_health_stops_the_rollout(site):
+    out = stopped_at_the_canary(site, 3, {"stand_in_fail_health.txt": "1\n"})
+    assert "rolled_back" in out, out[-3000:]
 
 
 def test_a_canary_that_decodes_too_slowly_goes_back_and_stops_the_rollout(site):
-    old = set(site.serving().values()).pop()
-    pids = site.main_pids()
-    push_checkpoint(site, 4, {"stand_in_token_seconds.txt": "0.2\n"})
-    r = site.playbook("rollout", expect_rc=None)
-    assert r.returncode != 0
-    assert "too slow" in r.stdout or "below" in r.stdout, r.stdout[-3000:]
-    assert set(site.serving().values()) == {old}, site.serving()
-    others = {h: p for h, p in site.main_pids().items() if h != "host1"}
-    assert others == {h: p for h, p in pids.items() if h != "host1"}
+    out = stopped_at_the_canary(site, 4, {"stand_in_token_seconds.txt": "0.2\n"})
+    assert "too slow" in out or "below" in out, out[-3000:]
 
 
 def test_the_token_reaches_the_hub_only_and_no_output_or_log(site):
