@@ -1,6 +1,7 @@
 """End to end: `modelctl plan`, `verify` and `rm` through a real modeld under a namespaced systemd,
 with the bundled hub: a dry run that changes nothing, re-hashing that finds a corrupt byte and a
-missing shard, and deletion that refuses the active model."""
+missing shard, deletion that refuses the active model, and `rm --commit` of the revision the
+model's link names, which removes the link."""
 
 from __future__ import annotations
 
@@ -302,3 +303,20 @@ def test_plan_of_a_model_that_does_not_fit_states_needed_and_available(env):
     assert "does not fit by" in r.stdout and "needs" in r.stdout and "available" in r.stdout
     print(r.stdout)
     assert listing(env.models_dir) == before
+
+
+def test_rm_commit_of_the_linked_revision_removes_the_link(env):
+    set_reserve(env, "0")
+    assert env.status()["active"]["model"] == "model-b"
+    assert env.deploy_and_wait("model-a")["state"] == "succeeded"
+    # model-b is out of service, its link still naming the revision it served.
+    link = env.models_dir / "model-b"
+    commit = Path(os.readlink(link)).name
+    assert (env.models_dir / ".store" / "model-b" / commit).is_dir()
+    r = env.modelctl("--json", "rm", "model-b", "--commit", commit)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["commits"] == [commit]
+    assert not (env.models_dir / ".store" / "model-b" / commit).exists()
+    assert not os.path.lexists(link)
+    models = {m["name"]: m for m in json.loads(env.modelctl("--json", "models").stdout)["models"]}
+    assert models["model-b"]["state"] == "absent" and models["model-b"]["revisions"] == [], models["model-b"]

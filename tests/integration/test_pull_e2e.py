@@ -1,8 +1,9 @@
 """End to end: staging ahead with `modelctl pull` under a namespaced systemd, with the bundled hub
 on a models_dir that fills (a tmpfs): a pull never touches a service, one record runs at a time
 (a deploy while a pull runs gets 409), a pulled revision survives the cleanup after a deployment
-of another revision of its model and an eviction for another model, and `deploy --commit` of it
-fetches no file and deploys that commit even though the branch moved since."""
+of another revision of its model and an eviction for another model, `deploy --commit` of it
+fetches no file and deploys that commit even though the branch moved since, and a pull that
+only evicting the model in service would make room for fails, leaving it on disk and watched."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import pytest
 
 import modeld_env
-from contract_helpers import ended, hub_commit, push
+from contract_helpers import MESSAGE_ID, answers, ended, hub_commit, journal_mark, push
 from modeld_env import ModeldEnv, free_bytes, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
@@ -20,7 +21,7 @@ import make_checkpoint  # noqa: E402 - on sys.path through modeld_env
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
 MiB = 1 << 20
-NAMES = ("a", "x", "p", "h", "q", "big")
+NAMES = ("a", "x", "p", "h", "q", "big", "huge")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,9 @@ def env(tmp_path_factory):
             e.add_repo(f"acme/{n}", shards=2, shard_size=256 * 1024, seed=150 + i)
         e.ports = {n: free_port() for n in NAMES}
         try:
-            e.start("".join(model_table(n, f"acme/{n}", e.ports[n]) for n in NAMES))
+            # big's watcher looks every second: a test sees it restart a killed server soon.
+            e.start("".join(model_table(n, f"acme/{n}", e.ports[n]) for n in NAMES)
+                    + '\n[models.big.health]\nwatch_interval = "1s"\n')
             # x served once and is on disk, a serves now.
             for n in ("x", "a"):
                 assert e.deploy_and_wait(n)["state"] == "succeeded"
@@ -177,3 +180,48 @@ def test_a_pulled_revision_is_not_evicted_for_another_model_and_rm_commit_remove
     assert json.loads(r.stdout)["commits"] == [q]
     assert not (store / "q" / q).exists()
     assert revisions(env, "q") == {}
+
+
+def files(folder) -> list[tuple[str, int, int]]:
+    """(path, size, inode) of every file under `folder`."""
+    return sorted((str(p.relative_to(folder)), p.lstat().st_size, p.lstat().st_ino) for p in folder.rglob("*"))
+
+
+def test_a_pull_never_evicts_the_model_in_service_and_leaves_its_watcher_watching(env):
+    active = env.status()["active"]
+    assert active["model"] == "big", active
+    store = env.models_dir / ".store"
+    big_files = files(store / "big")
+    others = [m for m in ("a", "p") if (store / m).is_dir()]
+    assert others, "no model out of service on disk"
+    evictable = sum(allocated(store / m) for m in others)
+    # huge needs more than the free space plus every model out of service, less than that plus big.
+    free = free_bytes(env.models_dir)
+    target = free + evictable + allocated(store / "big") // 2
+    folder = env.repos / "acme" / "huge"
+    overhead = repo_size(folder) - 2 * 256 * 1024
+    make_checkpoint.make_checkpoint(str(folder), 2, (target - overhead) // 2, 157)
+    assert free + evictable < repo_size(folder) < free + evictable + allocated(store / "big"), (
+        free, evictable, repo_size(folder))
+    pid = env.main_pid("modeld-serve@big.service")
+
+    r = env.modelctl("--json", "pull", "huge", "--wait")
+    assert r.returncode == 1, r.stdout + r.stderr
+    dep = json.loads(r.stdout)
+    assert (dep["kind"], dep["state"], dep["error"]["code"]) == ("pull", "failed", "disk_full"), dep
+    # Nothing was evicted, the serving model's files least of all, and its server runs on.
+    assert files(store / "big") == big_files
+    assert all((store / m).is_dir() for m in others)
+    assert env.main_pid("modeld-serve@big.service") == pid
+    assert env.status()["active"]["model"] == "big"
+
+    # Its watcher still watches: a killed server is restarted.
+    wait_for("big watched", lambda: (w := env.status()["watchdog"]) and w["state"] == "watching", timeout=30)
+    mark = journal_mark()
+    env.systemd.run(["kill", "-9", str(pid)], check=True)
+    wait_for("big's watcher to restart it", lambda: env.main_pid("modeld-serve@big.service") not in (0, pid),
+             timeout=60)
+    restarts = [e for e in env.journal(f"MESSAGE_ID={MESSAGE_ID['watchdog']}", "MODELD_MODEL=big")
+                if int(e["__REALTIME_TIMESTAMP"]) >= mark]
+    assert len(restarts) == 1, restarts
+    wait_for("big to answer again", lambda: answers(env.ports["big"], "big"), timeout=60)

@@ -8,7 +8,7 @@ small enough that a new model needs room:
   none fail); B's memory on 4-7 never delays it, a leftover worker of A on GPU 2 does, by name,
   and C starts once it is gone;
 - a failing C rolls back to A with B untouched; a failing D on 0-7 stops A and B and brings both
-  back; D stops both;
+  back; D stops both; when B cannot come back the rollback fails naming B, and A serves again;
 - B's main process killed during C's switch is restarted by B's model watcher, and C succeeds;
 - `modelctl stop B` leaves A serving and B on disk (a record of kind stop); a restart of modeld
   and a reboot of the namespace bring back exactly the services in service;
@@ -65,15 +65,18 @@ def unit(model: str) -> str:
     return f"modeld-serve@{model}.service"
 
 
-def tables(e: ModeldEnv, a_leftover: bool) -> str:
-    """The models' TOML; with `a_leftover` A's server leaves a worker holding GPU 2 for LINGER s."""
-    def table(name: str, *args: str, extra_serve: str = "") -> str:
+def tables(e: ModeldEnv, a_leftover: bool, b_startup: str = "120s") -> str:
+    """The models' TOML; with `a_leftover` A's server leaves a worker holding GPU 2 for LINGER s.
+    B's server fails its health checks when it starts while e.b_fails exists, and B's readiness
+    wait lasts `b_startup`."""
+    def table(name: str, *args: str, extra_serve: str = "", startup: str = "120s") -> str:
         serve_args = ["--gpu-procs", str(e.procs), "--gpu-memory", str(HELD), *args]
         return model_table(name, f"acme/{name}", e.ports[name], stop_timeout="3s", serve_args=serve_args,
-                           extra_serve=f"gpu_ids = {json.dumps(GPUS[name])}\n{extra_serve}")
+                           extra_serve=f"gpu_ids = {json.dumps(GPUS[name])}\n{extra_serve}", startup_timeout=startup)
 
     return (table("a", *(["--leftover-worker", f"2:{LINGER:g}"] if a_leftover else []))
-            + table("b") + '\n[models.b.health]\nwatch_interval = "1s"\n'
+            + table("b", "--fail-health-file", str(e.b_fails), startup=b_startup)
+            + '\n[models.b.health]\nwatch_interval = "1s"\n'
             # C loads until c_loaded exists: a test holds its switch in health_checking.
             + table("c", "--load-until", str(e.c_loaded))
             + table("c-bad", "--die-during-load", "0")
@@ -95,6 +98,7 @@ def env(tmp_path_factory):
         e.procs = procs
         e.c_loaded = work / "c-loaded"
         e.c_loaded.touch()
+        e.b_fails = work / "b-fails"
         for i, name in enumerate(GPUS):
             e.add_repo(f"acme/{name}", shards=2, shard_size=64 * 1024, seed=160 + i)
         e.ports = {name: free_port() for name in GPUS}
@@ -278,6 +282,37 @@ def test_a_failing_d_on_every_gpu_brings_back_a_and_b_and_d_stops_both(env):
     assert all(env.unit_state(unit(m)) in ("inactive", "failed") for m in ("a", "b"))
     assert reported_gpus(env, env.main_pid(unit("d"))) == UUIDS
     assert completion(env.ports["d"], "d")
+
+
+def test_a_rollback_that_brings_back_a_but_not_b_fails_naming_b_and_says_a_serves_again(env):
+    for name in ("a", "b"):
+        assert env.deploy_and_wait(name)["state"] == "succeeded"
+    assert services(env) == ["a", "b"]
+    # B's server, started again by the rollback, answers /health 503 until its readiness wait
+    # (10 s) gives up; A comes back.
+    env.b_fails.touch()
+    env.write_config(tables(env, a_leftover=False, b_startup="10s"))
+    reload(env)
+    try:
+        dep = env.deploy_and_wait("d-bad", expect_exit=1)
+    finally:
+        env.b_fails.unlink()
+        env.write_config(tables(env, a_leftover=False))
+        reload(env)
+    assert (dep["state"], dep["error"]["code"]) == ("failed", "rollback_failed"), dep
+    msg = dep["error"]["message"]
+    assert "; rollback failed for b: the previous model did not become ready again: " in msg, msg
+    assert msg.endswith("; a serves again"), msg
+    assert completion(env.ports["a"], "a")
+    # B stays in service (the next start of modeld tries it again), unwatched.
+    st = env.status()
+    assert [s["model"] for s in st["services"]] == ["a", "b"], st["services"]
+    b = st["services"][1]
+    assert b["watchdog"] is None or b["watchdog"]["state"] != "watching", b
+    # Deployed again, B serves.
+    assert env.deploy_and_wait("b")["state"] == "succeeded"
+    assert services(env) == ["a", "b"]
+    serving(env, "b")
 
 
 # -- B's watcher during C's switch -------------------------------------------------------------

@@ -1,16 +1,23 @@
 """End to end: the outage of a switch A -> B as modeld reports it (DEPLOYMENT.switch, its journal
 line, its metrics, modelctl's line) agrees with what an independent client measures: a prober
-thread asking the old and the new port for completions every 50 ms."""
+thread asking the old and the new port for completions every 50 ms; the journal line's fields
+are the record's parts and add up to its downtime, and `modelctl watch` without a terminal says
+the switch right after the result line."""
 
 from __future__ import annotations
 
+import json
+import re
+import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from contract_helpers import ended, in_phase, restart_modeld_after_kill, start_deploy
-from modeld_env import SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
+from modeld_env import BUILD_DIR, SERVER_STARTING, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -146,3 +153,55 @@ def test_a_restart_mid_switch_is_part_of_the_outage(env):
     assert abs(measured - sw["downtime_s"]) <= 1.0, (measured, sw)
     # Measured from the first daemon's stop request: the restart lies inside the outage.
     assert sw["downtime_s"] >= back_at - killed_at, (back_at - killed_at, sw)
+
+
+def switch_line(env: ModeldEnv, dep_id: str) -> dict:
+    """The deployment's one "switch downtime" journal entry."""
+    lines = [e for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")
+             if e.get("MESSAGE", "").startswith("switch downtime ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def watched_lines(out: Path) -> list[str]:
+    """`modelctl watch`'s plain lines without their clock."""
+    return [line.split(" ", 1)[1] for line in out.read_text().splitlines()]
+
+
+def test_the_switch_lines_fields_add_up_and_watch_prints_the_switch_after_the_result(env, tmp_path):
+    assert env.status()["active"]["model"] == "model-c"
+    out = tmp_path / "watch.txt"
+    with open(out, "wb") as sink:
+        watch = subprocess.Popen([str(BUILD_DIR / "modelctl"), "--socket", str(env.socket), "watch"], stdout=sink,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        wait_for("watch's first lines", lambda: any(l.startswith("active: ") for l in watched_lines(out)), timeout=30)
+        r = env.modelctl("--json", "deploy", "model-a", "--wait")
+        assert r.returncode == 0, r.stdout + r.stderr
+        dep = json.loads(r.stdout)
+        result = f"{dep['id']} of model-a succeeded"
+        wait_for("the switch in watch's lines", lambda: any(
+            l.startswith(f"{dep['id']} switch ") for l in watched_lines(out)), timeout=30)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        rc = watch.wait(timeout=30)
+    assert rc == 0, watch.stderr.read().decode()
+    sw = dep["switch"]
+    assert sw is not None, dep
+
+    # The fields: seconds with three decimals, the record's parts, summing to the downtime.
+    line = switch_line(env, dep["id"])
+    parts = {"MODELD_STOP_S": "stop_s", "MODELD_LAUNCH_S": "launch_s", "MODELD_LOAD_S": "start_to_port_s",
+             "MODELD_READINESS_S": "port_to_ready_s"}
+    for field in [*parts, "MODELD_DOWNTIME_S"]:
+        assert re.fullmatch(r"\d+\.\d{3}", line.get(field, "")), (field, line)
+    for field, key in parts.items():
+        assert float(line[field]) == pytest.approx(sw[key], abs=1e-3), (field, line[field], sw)
+    assert sw["stop_s"] > 0 and sw["launch_s"] > 0, sw  # a stop and a launch happened
+    total = sum(float(line[f]) for f in parts)
+    assert total == pytest.approx(float(line["MODELD_DOWNTIME_S"]), abs=4e-3), (total, line)
+
+    # watch: "ID switch downtime ..." right after the result line, the journal's text.
+    lines = watched_lines(out)
+    i = lines.index(result)
+    assert lines[i + 1] == f"{dep['id']} {line['MESSAGE']}", lines[i:]
