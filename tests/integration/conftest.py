@@ -2,9 +2,12 @@
 
 MODELD_TESTS_STRICT=1 (.ci/run exports it): a test that is skipped FAILS instead, whatever
 skipped it (a module-level `pytestmark = skipif`, a skip marker, `pytest.skip()` in a test or a
-fixture, a module that skips itself while being collected). CI has every tool and privilege
-these tests need, so a skip there means a test that could not fail; a developer's run without
-the switch still skips, with the reason shown by `pytest -rs`.
+fixture, a module that skips itself while being collected), and so does an expected failure (an
+`xfail` marker or `pytest.xfail()`, whether the test then fails or passes). CI has every tool and
+privilege these tests need, so a skip there means a test that could not fail, and an xfail one
+whose result nobody reads; a developer's run without the switch still skips, with the reason
+shown by `pytest -rsx`. pytest.ini beside this file sets xfail_strict, so an xfail that passes
+fails even without the switch. test_conftest_strict.py runs pytest on sample tests to prove both.
 """
 
 from __future__ import annotations
@@ -32,11 +35,23 @@ def _fail_skip(report) -> None:
                        "(CI runs every test; see ARCHITECTURE.md, Tests)")
 
 
+def _fail_xfail(report) -> None:
+    reason = report.wasxfail
+    del report.wasxfail  # else pytest still reports it as an expected failure
+    report.outcome = "failed"
+    report.longrepr = (f"xfail: {reason or '(no reason given)'}\n{STRICT_VARIABLE}=1: an expected failure "
+                       "fails the run (CI runs every test; see ARCHITECTURE.md, Tests)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if strict() and report.skipped and not hasattr(report, "wasxfail"):
+    if not strict():
+        return
+    if hasattr(report, "wasxfail"):
+        _fail_xfail(report)
+    elif report.skipped:
         _fail_skip(report)
 
 

@@ -84,6 +84,12 @@ def wait_line(env: ModeldEnv, text: str, since: int = 0, *matches: str, timeout:
     return wait_for(f"a journal line with {text!r}", find, timeout=timeout)
 
 
+def server_starts(env: ModeldEnv, model: str, since: int) -> int:
+    """How many times `model`'s (fake vLLM) server started since the journal mark `since`."""
+    return len([e for e in env.journal(f"SYSLOG_IDENTIFIER=modeld-serve@{model}")
+                if int(e["__REALTIME_TIMESTAMP"]) >= since and "fake vLLM API server" in e.get("MESSAGE", "")])
+
+
 def lines(env: ModeldEnv, *matches: str) -> list[dict]:
     return env.journal("SYSLOG_IDENTIFIER=modeld", *matches)
 
@@ -123,16 +129,26 @@ def link_target(env: ModeldEnv, model: str) -> str:
     return Path((env.models_dir / model).readlink()).name
 
 
-def restart_modeld_after_kill(env: ModeldEnv) -> None:
-    """kill -9 of modeld (env.kill_modeld), then a start without waiting for RestartSec=; waits
-    until the new modeld answers."""
-    before = env.main_pid()
-    if before:
-        env.kill_modeld("KILL")
+def kill_modeld(env: ModeldEnv) -> int:
+    """kill -9 of modeld's main process (env.kill_modeld), which must be running; returns its PID."""
+    pid = env.main_pid()
+    assert pid, "modeld.service has no main process to kill"
+    env.kill_modeld("KILL")
+    return pid
+
+
+def restart_killed_modeld(env: ModeldEnv, killed: int) -> None:
+    """After kill_modeld returned `killed`: a start without waiting for RestartSec=; waits until
+    a new modeld answers."""
     # restart (not start): a start job waits for the auto-restart's holdoff, a restart does not.
     env.systemd.run(["systemctl", "restart", "modeld.service"], check=True)
-    wait_for("modeld to answer after the kill", lambda: env.main_pid() not in (0, before)
+    wait_for("modeld to answer after the kill", lambda: env.main_pid() not in (0, killed)
              and try_status(env) is not None, timeout=60)
+
+
+def restart_modeld_after_kill(env: ModeldEnv) -> None:
+    """kill_modeld, then restart_killed_modeld."""
+    restart_killed_modeld(env, kill_modeld(env))
 
 
 def ns_popen(env: ModeldEnv, cmd: list[str]) -> subprocess.Popen:

@@ -59,6 +59,7 @@ def terminal_line(env, deployment: str) -> dict:
 
 def assert_one_line_each(where: str, output: str, forged: str) -> None:
     """No terminal control in `output`, and no line of it that begins with `forged`."""
+    assert output, f"{where}: no output"
     assert not any(c in output for c in "\x1b\r\x07\u009b"), f"{where}: {output!r}"
     assert not any(line.startswith(forged) for line in output.splitlines()), f"{where}: {output!r}"
 

@@ -9,10 +9,11 @@ server fails, the rollback starts the old one with the environment it ran with (
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from contract_helpers import journal_mark, reload, wait_line
+from contract_helpers import hub_commit, journal_mark, push, reload, wait_line
 from modeld_env import ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -142,6 +143,19 @@ def test_a_changed_environment_restarts_the_serving_model_with_it(env):
     assert_noop(env, now)
 
 
+def other_commit(env: ModeldEnv, serving: str) -> str:
+    """A second commit of acme/kimi that the hub serves, while main still names `serving`: a push
+    (generation_config.json renamed over), then the old file renamed back in place."""
+    gen = env.repos / "acme/kimi" / "generation_config.json"
+    original = gen.read_bytes()
+    other = push(env, "acme/kimi", 7)
+    back = gen.with_suffix(".back")
+    back.write_bytes(original)
+    os.replace(back, gen)
+    assert other != serving and hub_commit(env, "acme/kimi") == serving, (other, serving)
+    return other
+
+
 def plan_json(env: ModeldEnv, *flags: str) -> dict:
     r = env.modelctl("--json", "plan", "kimi", *flags)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -157,9 +171,9 @@ def test_plan_predicts_whether_a_deploy_would_change_anything_and_touches_nothin
     human = env.modelctl("plan", "kimi")
     assert f"kimi already serves commit {commit[:12]} with the same settings" in human.stdout, human.stdout
     # Another commit, or other settings: a deploy would restart, and the plan says so.
-    other = "0" * 40
-    r = env.modelctl("--json", "plan", "kimi", "--commit", other)
-    assert r.returncode != 0 or json.loads(r.stdout)["already_serving"] is False, r.stdout
+    other = other_commit(env, commit)
+    plan = plan_json(env, "--commit", other)
+    assert plan["commit"] == other and plan["already_serving"] is False, plan
     configure(env, table(env.ports["kimi"], "4"))
     assert plan_json(env)["already_serving"] is False
     assert env.main_pid(UNIT) == pid, "a plan restarted the server"

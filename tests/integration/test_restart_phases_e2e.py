@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from contract_helpers import (MESSAGE_ID, answers, deployment, ended, in_phase, journal_mark,
-                              lines, link_target, push, restart_modeld_after_kill, start_deploy, wait_line)
+from contract_helpers import (MESSAGE_ID, answers, deployment, ended, in_phase, journal_mark, kill_modeld,
+                              lines, link_target, push, restart_killed_modeld, restart_modeld_after_kill,
+                              start_deploy, wait_line)
 from modeld_env import BUILD_DIR, ModeldEnv, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -118,10 +119,10 @@ def test_a_kill_during_launching_stops_nothing_twice_and_launches_the_new_commit
     try:
         nvml_state(env.nvml)  # the memory is back: on to launching, whose first bus call hangs
         in_phase(env, dep_id, "launching")
-        env.kill_modeld("KILL")
+        killed = kill_modeld(env)
     finally:
         env.systemd.run(["kill", "-CONT", str(dbus)], check=True)
-    restart_modeld_after_kill(env)
+    restart_killed_modeld(env, killed)
     continuing(env, dep_id, "launching", "stopping_old")
 
     dep = ended(env, dep_id)

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
 import modeld_env
+from contract_helpers import ended, journal_mark, server_starts, start_deploy, wait_line
 from modeld_env import BUILD_DIR, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -46,7 +48,9 @@ def env(tmp_path_factory):
     for i, n in enumerate(names):
         e.add_repo(f"acme/{n}", shards=2, shard_size=64 * 1024, seed=20 + i)
     e.ports = {n: free_port() for n in names}
-    tables = "".join(model_table(n, f"acme/{n}", e.ports[n], stop_timeout="3s") for n in ["a", "b", "c"])
+    # a: the old model of the GPU memory wait, long enough for the test to watch it under load.
+    tables = model_table("a", "acme/a", e.ports["a"], stop_timeout="30s")
+    tables += "".join(model_table(n, f"acme/{n}", e.ports[n], stop_timeout="3s") for n in ["b", "c"])
     # Needs more GPU memory than the fake GPU has free.
     tables += model_table("big", "acme/big", e.ports["big"], extra_serve='gpus = 1\ngpu_memory = "200GiB"')
     # Slow to load, so a test can act while they are in health_checking.
@@ -103,19 +107,26 @@ def test_a_stranger_on_the_new_models_port_stops_nothing(env):
 
 def test_the_new_server_waits_until_the_old_ones_gpu_memory_is_back(env):
     old = env.status()["active"]
-    # The old server's worker still holds 20 GiB when its unit has stopped.
+    assert old["model"] == "a", old  # whose stop_timeout gives the wait 45 s before it gives up
+    new_unit = "modeld-serve@b.service"
+    # The old server's worker still holds 20 GiB when its unit has stopped, until the test says.
     nvml_state(env.nvml, IDLE + 20 * GiB, [(4242, 20 * GiB)])
-    assert env.modelctl("deploy", "b").returncode == 0
-    wait_for("the old unit to be stopped", lambda: env.unit_state(old["unit"]) in ("inactive", "failed"),
-             timeout=60)
-    # Still waiting on the GPU: the phase does not move and the new unit does not start.
+    mark = journal_mark()
+    dep_id = start_deploy(env, "b")
+    line = wait_line(env, "waiting for GPU memory: ", mark, f"MODELD_DEPLOYMENT={dep_id}", timeout=40)
+    assert "GPU 0 (NVIDIA H200): 20.0 GiB above the baseline, held by pid 4242" in line["MESSAGE"], line
+    assert env.unit_state(old["unit"]) in ("inactive", "failed")
+    # systemd records the new unit's first start: none while modeld waits, one after the release.
+    assert env.unit_timestamp(new_unit, "InactiveExitTimestampMonotonic") == 0
     dep = env.status()["deployment"]
-    assert dep["phase"] == "stopping_old" and dep["state"] == "running", dep
-    assert env.unit_state("modeld-serve@b.service") != "active"
+    assert dep["id"] == dep_id and dep["phase"] == "stopping_old" and dep["state"] == "running", dep
+    released = time.monotonic_ns() // 1000  # the clock systemd's ...Monotonic properties count
     nvml_state(env.nvml)  # the worker exits
-    dep = deployment_ends(env)
+    dep = ended(env, dep_id)
     assert dep["state"] == "succeeded", dep
-    assert any("GPU memory is back at its baseline" in m for m in messages(env, dep))
+    assert env.unit_timestamp(new_unit, "InactiveExitTimestampMonotonic") > released
+    assert server_starts(env, "b", mark) == 1
+    wait_line(env, "GPU memory is back at its baseline on GPU 0", mark, f"MODELD_DEPLOYMENT={dep_id}")
     assert completion(env.ports["b"], "b")
 
 
