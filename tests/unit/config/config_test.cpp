@@ -973,28 +973,34 @@ TEST_CASE("two models on one port that may serve together are a problem at the l
 TEST_CASE("models that never serve together may share a port and models on other ports may serve together") {
   TempDir dir;
   fs::path main = dir.write("modeld.toml", "[daemon]\n");
+  const auto loads_cleanly = [&] {
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    CHECK(r.problems.empty());
+    CHECK(r.config);
+  };
   SECTION("overlapping lists") {
     dir.write("models.d/a.toml", model_with("first", "gpu_ids = [0, 1, 2, 3]\n"));
     dir.write("models.d/b.toml", model_with("second", "gpu_ids = [3, 4]\n"));
+    loads_cleanly();
   }
   SECTION("an all-GPU model and a list") {
     dir.write("models.d/a.toml", model_with("first", "gpus = 8\n"));
     dir.write("models.d/b.toml", model_with("second", "gpu_ids = [4, 5, 6, 7]\n"));
+    loads_cleanly();
   }
   SECTION("models without gpu_ids, as every configuration before gpu_ids") {
     dir.write("models.d/a.toml", model_with("first", ""));
     dir.write("models.d/b.toml", model_with("second", "port = 8000\n"));
     dir.write("models.d/c.toml", model_with("third", "environment = { CUDA_VISIBLE_DEVICES = \"1\" }\n"));
+    loads_cleanly();
   }
   SECTION("disjoint lists on different ports") {
     dir.write("models.d/a.toml", model_with("first", "gpu_ids = [0, 1, 2, 3]\n"));
     dir.write("models.d/b.toml", model_with("second", "gpu_ids = [4, 5, 6, 7]\nport = 8001\n"));
     dir.write("models.d/c.toml", model_with("cpu", "gpu_ids = []\nport = 8002\n"));
+    loads_cleanly();
   }
-  LoadResult r = load(main, Environment{});
-  INFO(dump(r));
-  CHECK(r.problems.empty());
-  CHECK(r.config);
 }
 
 TEST_CASE("gpu_sets_overlap: every GPU overlaps any set but the empty one and lists overlap on a shared index") {

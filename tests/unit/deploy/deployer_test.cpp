@@ -769,37 +769,32 @@ TEST_CASE("a cancel as a phase begins ends cancelled before stopping_old, rolled
 TEST_CASE("a cancel while a phase waits ends as a cancel in that phase does") {
   Fixture fx;
   fx.boot();
-  test::Gate* gate = nullptr;
-  CancelCase c{};
+  const auto cancel_while_waiting = [&](test::Gate& gate, CancelCase c) {
+    CAPTURE(deploy::to_string(c.phase));
+    gate.armed = true;
+    auto d = fx.deploy("new");
+    REQUIRE(fx.run_until([&] { return gate.waiting == 1; }));
+    CHECK(fx.deployer->get(d.id)->phase == c.phase);
+    auto cancelled = fx.deployer->cancel(d.id);
+    REQUIRE(cancelled);
+    CHECK(cancelled->cancel_requested);
+    check_cancelled(fx, fx.wait_end(d.id), c);
+  };
   SECTION("planning, waiting for the Hub's listing") {
-    gate = &fx.listing_gate;
-    c = {Phase::planning, State::cancelled, true};
+    cancel_while_waiting(fx.listing_gate, {Phase::planning, State::cancelled, true});
   }
   SECTION("downloading, waiting for a file") {
-    gate = &fx.file_gate;
-    c = {Phase::downloading, State::cancelled, true};
+    cancel_while_waiting(fx.file_gate, {Phase::downloading, State::cancelled, true});
   }
   SECTION("stopping_old, waiting for StopUnit") {
-    gate = &fx.units.gates["stop " + kOldUnit];
-    c = {Phase::stopping_old, State::rolled_back, true};
+    cancel_while_waiting(fx.units.gates["stop " + kOldUnit], {Phase::stopping_old, State::rolled_back, true});
   }
   SECTION("launching, waiting for StartUnit") {
-    gate = &fx.units.gates["start " + kNewUnit];
-    c = {Phase::launching, State::rolled_back, true};
+    cancel_while_waiting(fx.units.gates["start " + kNewUnit], {Phase::launching, State::rolled_back, true});
   }
   SECTION("health_checking, waiting for readiness") {
-    gate = &fx.ready_gate;
-    c = {Phase::health_checking, State::rolled_back, true};
+    cancel_while_waiting(fx.ready_gate, {Phase::health_checking, State::rolled_back, true});
   }
-  CAPTURE(deploy::to_string(c.phase));
-  gate->armed = true;
-  auto d = fx.deploy("new");
-  REQUIRE(fx.run_until([&] { return gate->waiting == 1; }));
-  CHECK(fx.deployer->get(d.id)->phase == c.phase);
-  auto cancelled = fx.deployer->cancel(d.id);
-  REQUIRE(cancelled);
-  CHECK(cancelled->cancel_requested);
-  check_cancelled(fx, fx.wait_end(d.id), c);
 }
 
 TEST_CASE("rolling back cannot be cancelled and brings the old model back") {

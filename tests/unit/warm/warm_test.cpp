@@ -1,12 +1,17 @@
 #include "warm/warm.hpp"
 
+#include "util/files.hpp"
+
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -16,59 +21,109 @@ using namespace modeld;
 namespace {
 
 constexpr std::uint64_t MiB = 1u << 20;
+constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = static_cast<long>(0x858458f6);
 
-// A folder of the test on a file system with a page cache (mincore means nothing on tmpfs).
+// A folder of the test on a file system with a page cache: MODELD_WARM_TEST_DIR (under ctest the
+// ext4 loop image of the warm_loop fixture) or the temporary folder. On tmpfs mincore shows every
+// page resident and warming reads nothing, so a case there fails rather than passing empty.
 struct Folder {
   fs::path dir;
-  bool usable = false;
   Folder() {
     const char* base = std::getenv("MODELD_WARM_TEST_DIR");
-    dir = fs::path(base ? base : fs::temp_directory_path().string()) / ("modeld-warm-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
+    const fs::path root = base ? fs::path(base) : fs::temp_directory_path();
     struct statfs sf {};
-    usable = ::statfs(dir.c_str(), &sf) == 0 && sf.f_type != 0x01021994 /* TMPFS_MAGIC */;
-    if (!usable)
-      WARN("skipped: " << dir << " is on tmpfs, where mincore shows every page resident; set MODELD_WARM_TEST_DIR "
-                              "to a folder on a disk-backed file system");
+    REQUIRE(::statfs(root.c_str(), &sf) == 0);
+    if (sf.f_type == kTmpfsMagic || sf.f_type == kRamfsMagic)
+      FAIL(root << " is a tmpfs, where mincore shows every page resident: set MODELD_WARM_TEST_DIR to a folder on "
+                   "a disk-backed file system (ctest mounts an ext4 loop image for these cases)");
+    dir = root / ("modeld-warm-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
   }
   ~Folder() { fs::remove_all(dir); }
 
-  // A file of `bytes` random bytes, written, synced (clean pages) and dropped from the cache.
-  fs::path cold_file(const std::string& name, std::uint64_t bytes) {
-    const auto p = dir / name;
-    std::vector<char> data(bytes);
-    std::mt19937_64 rng(bytes);
-    for (auto& c : data) c = static_cast<char>(rng());
-    std::ofstream(p, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
-    const int fd = ::open(p.c_str(), O_RDONLY);
-    ::fdatasync(fd);
-    ::close(fd);
-    REQUIRE(warm::drop_cached(p).has_value());
-    return p;
-  }
+  // A file of `bytes` random bytes, written, synced (clean pages) and dropped from the cache by
+  // the test itself (posix_fadvise DONTNEED), so warming starts cold whatever wrote the file.
+  fs::path cold_file(const std::string& name, std::uint64_t bytes);
 };
 
+// Bytes of `p` in the page cache, read by the test's own mincore (independent of warm::resident_bytes).
 std::uint64_t resident(const fs::path& p) {
-  auto r = warm::resident_bytes(p);
-  REQUIRE(r.has_value());
-  return *r;
+  const util::OwnedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.get() >= 0);
+  struct stat st {};
+  REQUIRE(::fstat(fd.get(), &st) == 0);
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size == 0) return 0;
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  REQUIRE(map != MAP_FAILED);
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((size + page - 1) / page);
+  const bool ok = ::mincore(map, size, vec.data()) == 0;
+  ::munmap(map, size);
+  REQUIRE(ok);
+  std::uint64_t pages = 0;
+  for (std::size_t i = 0; i + 1 < vec.size(); ++i) pages += vec[i] & 1;
+  return pages * page + ((vec.back() & 1) ? size - (vec.size() - 1) * page : 0);
+}
+
+// Drops the clean pages of [offset, offset + length) of `p` (0: to the end) from the page cache.
+void drop(const fs::path& p, std::uint64_t offset = 0, std::uint64_t length = 0) {
+  const util::OwnedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.get() >= 0);
+  REQUIRE(::posix_fadvise(fd.get(), static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED) ==
+          0);
+}
+
+// Reads all of `p`, so that it is resident.
+void read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> buffer(MiB);
+  while (in.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || in.gcount() > 0) {
+  }
+  REQUIRE(resident(p) == fs::file_size(p));
+}
+
+fs::path Folder::cold_file(const std::string& name, std::uint64_t bytes) {
+  const auto p = dir / name;
+  std::vector<char> data(bytes);
+  std::mt19937_64 rng(bytes);
+  for (auto& c : data) c = static_cast<char>(rng());
+  std::ofstream(p, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size()));
+  const util::OwnedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(::fdatasync(fd.get()) == 0);
+  drop(p);
+  REQUIRE(resident(p) == 0);
+  return p;
+}
+
+// A file of `mib` MiB of which every other MiB, from MiB `first_dropped` (0 or 1) on, is dropped
+// from the page cache.
+fs::path half_resident(Folder& f, const std::string& name, std::uint64_t mib, std::uint64_t first_dropped = 1) {
+  const auto p = f.cold_file(name, mib * MiB);
+  read_all(p);
+  for (std::uint64_t i = first_dropped; i < mib; i += 2) drop(p, i * MiB, MiB);
+  REQUIRE(resident(p) == (mib - (mib - first_dropped + 1) / 2) * MiB);
+  return p;
+}
+
+warm::Options options(std::uint64_t budget) {
+  warm::Options o;
+  o.budget = budget;
+  return o;
 }
 
 }  // namespace
 
 TEST_CASE("a file dropped from the page cache is not resident, and warming makes it resident") {
   Folder f;
-  if (!f.usable) return;
   const auto p = f.cold_file("a.safetensors", 16 * MiB);
-  CHECK(resident(p) <= MiB);
   warm::Stop stop;
-  warm::Options o;
-  o.budget = 64 * MiB;
+  warm::Options o = options(64 * MiB);
   o.block = 1 * MiB;
   std::vector<warm::Progress> seen;
   auto report = warm::warm_files({p}, o, [&](const warm::Progress& pr) { seen.push_back(pr); }, stop);
   CHECK(report.totals.bytes_total == 16 * MiB);
-  CHECK(report.totals.bytes_resident_before <= MiB);
+  CHECK(report.totals.bytes_resident_before == 0);
   // The kernel's readahead may bring pages in before a reader gets to them: those are not read again.
   CHECK(report.totals.bytes_warmed > 0);
   CHECK(report.totals.bytes_warmed <= 16 * MiB);
@@ -82,45 +137,93 @@ TEST_CASE("a file dropped from the page cache is not resident, and warming makes
 
 TEST_CASE("warming a resident file reads nothing") {
   Folder f;
-  if (!f.usable) return;
   const auto p = f.cold_file("b", 4 * MiB);
   warm::Stop stop;
-  warm::Options o;
-  o.budget = 64 * MiB;
-  warm::warm_files({p}, o, {}, stop);
-  auto again = warm::warm_files({p}, o, {}, stop);
+  read_all(p);
+  auto again = warm::warm_files({p}, options(64 * MiB), {}, stop);
   CHECK(again.totals.bytes_resident_before == 4 * MiB);
   CHECK(again.totals.bytes_warmed == 0);
+  CHECK(again.warmed == std::vector<fs::path>{p});
+}
+
+TEST_CASE("warming reads only the pages that are not resident") {
+  // What a warming resumed after a restart meets: part of the file is in the page cache already.
+  Folder f;
+  const auto p = half_resident(f, "half", 8);
+  warm::Stop stop;
+  auto report = warm::warm_files({p}, options(64 * MiB), {}, stop);
+  CHECK(report.totals.bytes_resident_before == 4 * MiB);
+  CHECK(report.totals.bytes_warmed > 0);
+  CHECK(report.totals.bytes_warmed <= 4 * MiB);
+  CHECK(report.warmed == std::vector<fs::path>{p});
+  CHECK(resident(p) == 8 * MiB);
 }
 
 TEST_CASE("the budget warms the first files that fit and skips the rest in order") {
   Folder f;
-  if (!f.usable) return;
   const auto a = f.cold_file("1", 4 * MiB), b = f.cold_file("2", 4 * MiB), c = f.cold_file("3", 4 * MiB),
              d = f.cold_file("4", 1 * MiB);
   warm::Stop stop;
-  warm::Options o;
-  o.budget = 9 * MiB;
-  auto report = warm::warm_files({a, b, c, d}, o, {}, stop);
+  auto report = warm::warm_files({a, b, c, d}, options(9 * MiB), {}, stop);
   CHECK(report.warmed == std::vector<fs::path>{a, b});
   CHECK(report.budget_reached);
   REQUIRE(report.skipped.size() == 2);
   CHECK(report.skipped[0].path == c);
   CHECK(report.skipped[0].reason == "RAM budget");
+  CHECK(report.skipped[0].bytes == 4 * MiB);
   CHECK(report.skipped[1].path == d);  // it would fit, but the loader reads it after c
   CHECK(report.totals.bytes_total == 13 * MiB);
   CHECK(report.totals.bytes_warmed <= 9 * MiB);
   CHECK(resident(a) == 4 * MiB);
-  CHECK(resident(c) <= MiB);
+  CHECK(resident(c) == 0);
+  CHECK(resident(d) == 0);
+}
+
+TEST_CASE("only the bytes that are not resident count against the budget") {
+  Folder f;
+  const auto a = f.cold_file("resident", 4 * MiB), b = f.cold_file("cold", 4 * MiB);
+  const auto c = half_resident(f, "half", 4);
+  read_all(a);
+  warm::Stop stop;
+  auto report = warm::warm_files({a, b, c}, options(6 * MiB), {}, stop);
+  CHECK(report.warmed == std::vector<fs::path>{a, b, c});
+  CHECK(report.skipped.empty());
+  CHECK_FALSE(report.budget_reached);
+  CHECK(report.totals.bytes_resident_before == 6 * MiB);
+  CHECK(report.totals.bytes_warmed <= 6 * MiB);
+  CHECK(resident(b) == 4 * MiB);
+  CHECK(resident(c) == 4 * MiB);
+}
+
+TEST_CASE("progress starts with what is resident before any read, grows and ends with the report's totals") {
+  Folder f;
+  const auto p = half_resident(f, "progress", 8, 0);  // the first block read is not resident
+  warm::Stop stop;
+  warm::Options o = options(64 * MiB);
+  o.block = 1 * MiB;
+  o.readers = 2;
+  o.progress_every = std::chrono::milliseconds(0);
+  std::vector<warm::Progress> seen;
+  auto report = warm::warm_files({p}, o, [&](const warm::Progress& pr) { seen.push_back(pr); }, stop);
+  REQUIRE(seen.size() >= 2);
+  CHECK(seen.front().bytes_total == 8 * MiB);
+  CHECK(seen.front().bytes_resident_before == 4 * MiB);
+  CHECK(seen.front().bytes_warmed == 0);
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    CAPTURE(i);
+    CHECK(seen[i].bytes_total == 8 * MiB);
+    CHECK(seen[i].bytes_resident_before == 4 * MiB);
+    CHECK(seen[i].bytes_warmed >= seen[i - 1].bytes_warmed);
+  }
+  CHECK(seen.back().bytes_warmed == report.totals.bytes_warmed);
+  CHECK(report.totals.bytes_warmed > 0);
 }
 
 TEST_CASE("a stop request ends warming promptly, before the files are read") {
   Folder f;
-  if (!f.usable) return;
   const auto p = f.cold_file("slow", 16 * MiB);
   warm::Stop stop;
-  warm::Options o;
-  o.budget = 64 * MiB;
+  warm::Options o = options(64 * MiB);
   o.max_bytes_per_s = 2 * MiB;  // 8 s for the whole file
   o.progress_every = std::chrono::milliseconds(0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -133,17 +236,76 @@ TEST_CASE("a stop request ends warming promptly, before the files are read") {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
 }
 
+TEST_CASE("a stop requested before warming begins reads nothing") {
+  Folder f;
+  const auto p = f.cold_file("stopped", 4 * MiB);
+  warm::Stop stop;
+  stop.request();
+  auto report = warm::warm_files({p}, options(64 * MiB), {}, stop);
+  CHECK(report.stopped);
+  CHECK(report.warmed.empty());
+  CHECK(report.totals.bytes_total == 4 * MiB);
+  CHECK(report.totals.bytes_warmed == 0);
+  CHECK(resident(p) == 0);
+}
+
+TEST_CASE("a read rate limit spreads the reads over the time it allows") {
+  Folder f;
+  const auto p = f.cold_file("paced", 4 * MiB);
+  warm::Stop stop;
+  warm::Options o = options(64 * MiB);
+  o.max_bytes_per_s = 8 * MiB;  // 4 MiB in 0.5 s at the earliest
+  const auto t0 = std::chrono::steady_clock::now();
+  auto report = warm::warm_files({p}, o, {}, stop);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(450));
+  CHECK(report.warmed == std::vector<fs::path>{p});
+  CHECK(resident(p) == 4 * MiB);
+}
+
 TEST_CASE("a file that cannot be opened is skipped with its error and the others are warmed") {
   Folder f;
-  if (!f.usable) return;
   const auto p = f.cold_file("ok", 1 * MiB);
   warm::Stop stop;
-  warm::Options o;
-  o.budget = 64 * MiB;
-  auto report = warm::warm_files({f.dir / "absent", p}, o, {}, stop);
+  auto report = warm::warm_files({f.dir / "absent", p}, options(64 * MiB), {}, stop);
   REQUIRE(report.skipped.size() == 1);
   CHECK(report.skipped[0].reason.find("absent") != std::string::npos);
   CHECK(report.warmed == std::vector<fs::path>{p});
+  CHECK(resident(p) == 1 * MiB);
+}
+
+TEST_CASE("resident bytes agree with mincore, are capped at the file's size and follow a truncation") {
+  Folder f;
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const auto odd = f.cold_file("odd", 3 * page + 100);
+  CHECK(warm::resident_bytes(odd).value() == 0);
+  read_all(odd);
+  CHECK(warm::resident_bytes(odd).value() == 3 * page + 100);  // not 4 whole pages
+  const auto half = half_resident(f, "half", 5);
+  CHECK(warm::resident_bytes(half).value() == 3 * MiB);
+  fs::resize_file(half, 2 * MiB + 10);  // keeps MiB 0 resident, MiB 1 dropped, 10 bytes of MiB 2
+  CHECK(warm::resident_bytes(half).value() == resident(half));
+  CHECK(warm::resident_bytes(half).value() == 1 * MiB + 10);
+}
+
+TEST_CASE("drop_cached drops a file's clean pages from the page cache") {
+  Folder f;
+  const auto p = f.cold_file("dropped", 4 * MiB);
+  read_all(p);
+  REQUIRE(warm::drop_cached(p).has_value());
+  CHECK(resident(p) == 0);
+}
+
+TEST_CASE("resident_bytes and drop_cached fail with an io_error naming a missing file") {
+  Folder f;
+  const auto missing = f.dir / "missing.safetensors";
+  auto r = warm::resident_bytes(missing);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::io_error);
+  CHECK(r.error().message.find(missing.string()) != std::string::npos);
+  auto d = warm::drop_cached(missing);
+  REQUIRE_FALSE(d.has_value());
+  CHECK(d.error().code == Errc::io_error);
+  CHECK(d.error().message.find(missing.string()) != std::string::npos);
 }
 
 TEST_CASE("meminfo gives MemAvailable and MemTotal in bytes") {
