@@ -1,6 +1,8 @@
 """The page cache and disk reads as the test measures them, independently of modeld.
 
   * resident(path): bytes of a file in the page cache (mincore(2) over a read-only mapping);
+  * wait_resident(paths, at_least): waits until files hold at least so many bytes in the page
+    cache (one reading may miss pages the kernel is migrating at that moment);
   * drop(path): drops a file's clean pages (posix_fadvise DONTNEED), so a later measure of
     warming starts from a cold file whatever wrote it;
   * ext4_models(work, size): WORK/models as an ext4 file system in a loop image, for tests whose
@@ -19,6 +21,8 @@ import mmap
 import os
 import subprocess
 from pathlib import Path
+
+from waiting import NotYet, wait_for
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -51,6 +55,20 @@ def resident(path: Path) -> int:
 
 def resident_total(paths: list[Path]) -> int:
     return sum(resident(p) for p in paths)
+
+
+def wait_resident(paths: list[Path], at_least: int, timeout: float = 30) -> int:
+    """Waits until `paths` hold at least `at_least` bytes in the page cache; returns that reading.
+    One reading can miss pages for a moment (seen here: a few pages, or a 256 KiB folio, absent
+    and back a moment later with nothing reading them: the kernel migrating them, the copy marked
+    up to date only once in place), so a low reading is not absence; a page that was never read
+    does not come back."""
+    def enough() -> int:
+        n = resident_total(paths)
+        if n < at_least:
+            raise NotYet(f"{n} of {at_least} bytes: " + ", ".join(f"{p.name} {resident(p)}" for p in paths))
+        return n
+    return wait_for(f"{at_least} bytes of {len(paths)} files in the page cache", enough, timeout=timeout)
 
 
 def drop(path: Path) -> None:

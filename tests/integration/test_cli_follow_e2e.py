@@ -1,6 +1,7 @@
 """End to end, following deployments as they run: a raw Server-Sent Events client on the control
-socket, `modelctl deploy --wait` and its exit codes, `modelctl watch` (plain lines, NDJSON, a
-terminal) until modeld goes away, and the bash completion of modelctl with the real daemon."""
+socket (download and warming progress), systemd's status text while warming, `modelctl deploy
+--wait` and its exit codes, `modelctl watch` (plain lines, NDJSON, a terminal) until modeld goes
+away, and the bash completion of modelctl with the real daemon."""
 
 from __future__ import annotations
 
