@@ -172,6 +172,7 @@ def test_a_raw_sse_client_follows_one_deployment_from_start_to_its_terminal_even
     finally:
         stream.close()
 
+    assert events
     assert all(d["model"] == "streamed" for _, d in events)
     phases = [d["phase"] for k, d in events if k == "phase"]
     assert phases == PHASES, phases
@@ -181,9 +182,10 @@ def test_a_raw_sse_client_follows_one_deployment_from_start_to_its_terminal_even
     # "warm" besides them and come in its own phase.)
     download = [i for i, (k, d) in enumerate(events) if k == "phase"]
     start, end = download[PHASES.index("downloading")], download[PHASES.index("verifying")]
-    progress = [d["progress"] for k, d in events if k == "progress" and "warm" not in d]
-    assert len(progress) >= 3, f"only {len(progress)} progress events"
-    assert all(start < i < end for i, (k, d) in enumerate(events) if k == "progress" and "warm" not in d)
+    downloading = [(i, d["progress"]) for i, (k, d) in enumerate(events) if k == "progress" and "warm" not in d]
+    assert len(downloading) >= 3, f"only {len(downloading)} progress events"
+    assert all(start < i < end for i, _ in downloading), downloading
+    progress = [p for _, p in downloading]
     # Warming reports its own progress, in its phase, before the old model is stopped.
     warming, stopping = download[PHASES.index("warming")], download[PHASES.index("stopping_old")]
     warm = [(i, d) for i, (k, d) in enumerate(events) if k == "progress" and "warm" in d]
@@ -459,6 +461,7 @@ def check_terminal_output(text: str):
     """Bars for the whole download and for each file, redrawn in place, within 120 columns."""
     assert "A\r\x1b[J" in text, "the view is redrawn in place"
     visible = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    assert visible
     bars = [l for l in visible.splitlines() if "[" in l and "] " in l and "% of " in l]
     assert any("model-0000" in l and ".safetensors" in l for l in bars), "a bar per file"
     assert any(l.startswith("  [") and "files)" in l for l in bars), "a bar for the whole download"
@@ -535,6 +538,7 @@ def test_watch_plain_and_json_show_the_phases_and_exit_3_when_modeld_stops(env, 
     # new active model; nothing for a terminal.
     text = text_of(plain)
     plain_lines_only(text)
+    assert text, "watch printed nothing"
     lines = [l.split(" ", 1)[1] for l in text.splitlines()]
     assert all(len(l.split(" ", 1)[0]) == 8 and l[2] == ":" for l in text.splitlines())
     assert lines[0] == f"modeld {env.status()['daemon']['version']} at {env.socket}"
