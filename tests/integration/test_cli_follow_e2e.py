@@ -1,6 +1,7 @@
 """End to end, following deployments as they run: a raw Server-Sent Events client on the control
-socket, `modelctl deploy --wait` and its exit codes, `modelctl watch` (plain lines, NDJSON, a
-terminal) until modeld goes away, and the bash completion of modelctl with the real daemon."""
+socket (download and warming progress), systemd's status text while warming, `modelctl deploy
+--wait` and its exit codes, `modelctl watch` (plain lines, NDJSON, a terminal) until modeld goes
+away, and the bash completion of modelctl with the real daemon."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import pytest
 
 from modeld_env import BUILD_DIR, SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
+from page_cache import drop, ext4_models
 
 PHASES = ["planning", "freeing_disk", "downloading", "verifying", "warming", "stopping_old", "launching",
           "health_checking", "benchmarking"]
@@ -34,33 +36,36 @@ needs_systemd = pytest.mark.skipif(unsupported_reason() is not None, reason=unsu
 # Each file body at most this many bytes/s: a 400 kB shard takes about 3 s, long enough for
 # several progress events (the fetch engine reports every 500 ms) and for a watcher to see them.
 THROTTLE = 150_000
+MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    work = tmp_path_factory.mktemp("follow")
-    control = work / "hub-control.json"
-    control.write_text("{}")
-    e = ModeldEnv(workdir=work, hub_args=["--control", str(control)])
-    e.hub_control = control
-    fresh = ["base", "streamed", "waited", "watched", "shown", "drawn"]
-    for seed, name in enumerate(fresh, start=40):
-        e.add_repo(f"acme/{name}", shards=3, shard_size=400_000, seed=seed)
-    # The index names a shard the repository lacks: the plan fails (state failed, exit 1).
-    holey = e.add_repo("acme/holey", shards=3, shard_size=100_000, seed=50)
-    (holey / "model-00002-of-00003.safetensors").unlink()
-    e.add_repo("acme/broken", shards=1, shard_size=100_000, seed=51)
-    names = fresh + ["holey", "broken"]
-    e.ports = {n: free_port() for n in names}
-    tables = "".join(model_table(n, f"acme/{n}", e.ports[n]) for n in fresh + ["holey"])
-    # Starts, then exits 1 at once: rolled back to the model that served before.
-    tables += model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
-    try:
-        e.start(tables)
-        e.deploy_and_wait("base")
-        yield e
-    finally:
-        e.stop()
+    # models_dir on an ext4 loop image: warming has pages to read there (on a tmpfs every page
+    # is resident and warming ends before anyone sees it).
+    with ext4_models(tmp_path_factory.mktemp("follow"), 64 * MiB) as work:
+        control = work / "hub-control.json"
+        control.write_text("{}")
+        e = ModeldEnv(workdir=work, hub_args=["--control", str(control)])
+        e.hub_control = control
+        fresh = ["base", "streamed", "waited", "watched", "shown", "drawn", "cached"]
+        for seed, name in enumerate(fresh, start=40):
+            e.add_repo(f"acme/{name}", shards=3, shard_size=400_000, seed=seed)
+        # The index names a shard the repository lacks: the plan fails (state failed, exit 1).
+        holey = e.add_repo("acme/holey", shards=3, shard_size=100_000, seed=50)
+        (holey / "model-00002-of-00003.safetensors").unlink()
+        e.add_repo("acme/broken", shards=1, shard_size=100_000, seed=51)
+        names = fresh + ["holey", "broken"]
+        e.ports = {n: free_port() for n in names}
+        tables = "".join(model_table(n, f"acme/{n}", e.ports[n]) for n in fresh + ["holey"])
+        # Starts, then exits 1 at once: rolled back to the model that served before.
+        tables += model_table("broken", "acme/broken", e.ports["broken"], serve_args=["--exit-after", "0"])
+        try:
+            e.start(tables)
+            e.deploy_and_wait("base")
+            yield e
+        finally:
+            e.stop()
 
 
 def throttled(env):
@@ -167,6 +172,7 @@ def test_a_raw_sse_client_follows_one_deployment_from_start_to_its_terminal_even
     finally:
         stream.close()
 
+    assert events
     assert all(d["model"] == "streamed" for _, d in events)
     phases = [d["phase"] for k, d in events if k == "phase"]
     assert phases == PHASES, phases
@@ -176,12 +182,18 @@ def test_a_raw_sse_client_follows_one_deployment_from_start_to_its_terminal_even
     # "warm" besides them and come in its own phase.)
     download = [i for i, (k, d) in enumerate(events) if k == "phase"]
     start, end = download[PHASES.index("downloading")], download[PHASES.index("verifying")]
-    progress = [d["progress"] for k, d in events if k == "progress" and "warm" not in d]
-    assert len(progress) >= 3, f"only {len(progress)} progress events"
-    assert all(start < i < end for i, (k, d) in enumerate(events) if k == "progress" and "warm" not in d)
-    warming = download[PHASES.index("warming")]
-    assert all(i > warming and d["phase"] == "warming"
-               for i, (k, d) in enumerate(events) if k == "progress" and "warm" in d)
+    downloading = [(i, d["progress"]) for i, (k, d) in enumerate(events) if k == "progress" and "warm" not in d]
+    assert len(downloading) >= 3, f"only {len(downloading)} progress events"
+    assert all(start < i < end for i, _ in downloading), downloading
+    progress = [p for _, p in downloading]
+    # Warming reports its own progress, in its phase, before the old model is stopped.
+    warming, stopping = download[PHASES.index("warming")], download[PHASES.index("stopping_old")]
+    warm = [(i, d) for i, (k, d) in enumerate(events) if k == "progress" and "warm" in d]
+    assert warm, "no progress event while warming"
+    assert all(warming < i < stopping and d["phase"] == "warming" for i, d in warm), warm
+    assert all(d["warm"]["bytes_total"] > 0 for _, d in warm), warm
+    warmed = [d["warm"]["bytes_warmed"] for _, d in warm]
+    assert warmed == sorted(warmed), warmed
     done = [p["bytes_done"] for p in progress]
     assert done == sorted(done), done
     assert done[0] < done[-1] == progress[-1]["bytes_total"], done
@@ -194,6 +206,57 @@ def test_a_raw_sse_client_follows_one_deployment_from_start_to_its_terminal_even
     assert status == 200 and recorded["id"] == dep_id
     assert (last["state"], last["phase"]) == (recorded["state"], recorded["phase"]) == ("succeeded", "benchmarking")
     assert last["error"] is None and recorded["error"] is None
+
+
+# -- the STATUS= line while warming --------------------------------------------------------------
+
+def format_bytes(n: int) -> str:
+    """modeld's way of writing a size (util::format_bytes): decimal units, 3 significant digits."""
+    names = ["B", "kB", "MB", "GB", "TB", "PB"]
+    v, i = float(n), 0
+    while v >= 1000 and i < len(names) - 1:
+        v, i = v / 1000, i + 1
+    if i == 0:
+        return f"{n} B"
+    return f"{v:.0f} {names[i]}" if v >= 99.95 else f"{v:.1f} {names[i]}"
+
+
+def status_text(env) -> str:
+    return env.systemd.run(["systemctl", "show", "-p", "StatusText", "--value", "modeld.service"],
+                           check=True).stdout.strip()
+
+
+def warming_status(env, dep_id: str, model: str):
+    """The STATUS= text as a match of the warming line (None: not yet); fails once the
+    deployment has left warming without such a line."""
+    d = env.status()["deployment"]
+    assert d["id"] == dep_id and d["state"] == "running", d
+    assert PHASES.index(d["phase"]) <= PHASES.index("warming"), f"warming ended; STATUS= {status_text(env)!r}"
+    return re.fullmatch(rf"warming the page cache for {model}: (\d+)% of (.+) in memory", status_text(env))
+
+
+@needs_systemd
+def test_status_text_names_warming_and_its_bytes_while_warming(env):
+    """docs/interface.md, Warming: `STATUS=` "warming the page cache for NAME: 40% of 8.6 GB in memory"."""
+    r = env.modelctl("--json", "pull", "cached", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    revision = env.models_dir / ".store" / "cached" / json.loads(r.stdout)["commit"]
+    for f in revision.rglob("*"):
+        if f.is_file():
+            drop(f)
+    # Slow warming (about 12 s for the checkpoint) within a budget that holds it all.
+    env.reconfigure(environment={"MODELD_TEST_WARM_RATE": "100000", "MODELD_TEST_WARM_BUDGET": str(64 * MiB)})
+    try:
+        dep_id = start_deployment(env, "cached")
+        seen = wait_for("STATUS= naming warming and its bytes", lambda: warming_status(env, dep_id, "cached"),
+                        timeout=120)
+        dep = env.status()["deployment"]
+        assert seen.group(2) == format_bytes(dep["warm"]["bytes_total"]), (seen.group(0), dep["warm"])
+        assert int(seen.group(1)) < 100, seen.group(0)
+        wait_for("the deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
+        assert env.status()["deployment"]["state"] == "succeeded"
+    finally:
+        env.reconfigure(environment={})
 
 
 # -- deploy --wait --------------------------------------------------------------------------------
@@ -398,6 +461,7 @@ def check_terminal_output(text: str):
     """Bars for the whole download and for each file, redrawn in place, within 120 columns."""
     assert "A\r\x1b[J" in text, "the view is redrawn in place"
     visible = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    assert visible
     bars = [l for l in visible.splitlines() if "[" in l and "] " in l and "% of " in l]
     assert any("model-0000" in l and ".safetensors" in l for l in bars), "a bar per file"
     assert any(l.startswith("  [") and "files)" in l for l in bars), "a bar for the whole download"
@@ -474,6 +538,7 @@ def test_watch_plain_and_json_show_the_phases_and_exit_3_when_modeld_stops(env, 
     # new active model; nothing for a terminal.
     text = text_of(plain)
     plain_lines_only(text)
+    assert text, "watch printed nothing"
     lines = [l.split(" ", 1)[1] for l in text.splitlines()]
     assert all(len(l.split(" ", 1)[0]) == 8 and l[2] == ":" for l in text.splitlines())
     assert lines[0] == f"modeld {env.status()['daemon']['version']} at {env.socket}"
