@@ -9,9 +9,9 @@ namespace is given.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +21,12 @@ from modeld_env import SOURCE_DIR, make_ca, make_leaf, wait_for
 
 SHIPPED = SOURCE_DIR / "config" / "site-cache"
 NGINX = "/usr/sbin/nginx"
+
+# Variants for negative controls, each with one mechanism of the shipped front server off:
+# {file: ((shipped text, replacement), ...)} (SiteCache's `edits`).
+LOCK_OFF = {"modeld-hub-front.conf": (("proxy_cache_lock on;\n    proxy_cache_lock_timeout",
+                                       "proxy_cache_lock off;\n    proxy_cache_lock_timeout"),)}
+NO_SLICES = {"modeld-hub-front.conf": (("    slice 16m;\n", ""),)}
 
 
 def make_tls(folder: Path, names_and_ips) -> tuple[Path, Path, Path]:
@@ -61,16 +67,19 @@ class SiteCache:
     hub_url: the Hub as scheme://host[:port], no path (may be set until start()); the front
     server listens on listen_host:listen_port with cert/key; upstream_ca: the CA trusted for the
     Hub and its CDN (default: the system's); netns: run nginx in that network namespace;
-    allow: the addresses allowed to read the cache (site.conf's allow lines)."""
+    allow: the addresses allowed to read the cache (site.conf's allow lines); edits: changes to
+    the shipped modeld-hub-*.conf files, for a variant (LOCK_OFF, NO_SLICES)."""
 
     def __init__(self, workdir: Path, hub_url: str, listen_host: str, listen_port: int,
                  cert: Path, key: Path, upstream_ca: Path | None = None, netns: str | None = None,
-                 inner_port: int | None = None, allow: tuple[str, ...] = ("127.0.0.0/8",)):
+                 inner_port: int | None = None, allow: tuple[str, ...] = ("127.0.0.0/8",),
+                 edits: dict[str, tuple[tuple[str, str], ...]] | None = None):
         self.dir = Path(workdir)
         self.hub_url, self.host, self.port = hub_url, listen_host, listen_port
         self.cert, self.key, self.upstream_ca, self.netns = cert, key, upstream_ca, netns
         self.inner = f"{listen_host if listen_host.startswith('127.') else '127.0.0.1'}:{inner_port or 0}"
         self.allow = allow
+        self.edits = edits or {}
         self.logs = self.dir / "logs"
         self.upstream_log = self.logs / "modeld-hub-upstream.log"
         self.access_log = self.logs / "modeld-hub-access.log"
@@ -85,7 +94,10 @@ class SiteCache:
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.dir / "cache").mkdir(exist_ok=True)
         for name in ("modeld-hub-cache.conf", "modeld-hub-front.conf", "modeld-hub-inner.conf"):
-            shutil.copy(SHIPPED / name, conf / name)
+            text = (SHIPPED / name).read_text()
+            for old, new in self.edits.get(name, ()):
+                text = _sub(text, old, new, name)
+            (conf / name).write_text(text)
         if self.inner.endswith(":0"):
             self.inner = self.inner[:-1] + str(_free_port(self.inner.split(":")[0]))
         (conf / "site.conf").write_text(self._site())
@@ -159,6 +171,13 @@ class SiteCache:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+    def entry(self, key: str) -> list[Path]:
+        """The files on disk for cache key `key` (the answer, or a temporary file of one being
+        written): nginx names them by the key's MD5, in folders of levels=1:2."""
+        md5 = hashlib.md5(key.encode()).hexdigest()  # noqa: S324 (nginx's naming, not security)
+        folder = self.dir / "cache" / md5[-1] / md5[-3:-1]
+        return sorted(folder.glob(f"{md5}*")) if folder.is_dir() else []
 
     def upstream(self) -> list[dict]:
         """The upstream log: one object per fetch from the Hub or its CDN."""

@@ -7,8 +7,10 @@ a CDN on another address with a nonce in every signed URL, throttled so that hos
 Checked: every host serves the pinned commit with byte-identical files; the Hub sent at most
 1.1 x the checkpoint's file bytes for all four hosts, whose requests overlapped; a second run
 changes and restarts nothing; the rollback playbook returns the hosts to the old commit without a
-download; a canary that fails health, and one that decodes too slowly, stop the rollout with
-every other host still serving the old model; the token is in no output, log or CDN request."""
+download; a canary that fails health, and one that decodes too slowly, stop the rollout after the
+canary switched to the new commit (its deployment history and MainPID), with every other host
+untouched and serving the old model; the slow one's failure names the speed modeld measured and
+the baseline; the token is in no output, log or CDN request."""
 
 from __future__ import annotations
 
@@ -124,6 +126,14 @@ class Site:
             status = json.loads(h.ok("modelctl", "--json", "status"))
             commits = [s["commit"] for s in status["services"] if s["model"] == MODEL]
             out[h.name] = commits[0] if commits else ""
+        return out
+
+    def history(self) -> dict[str, list[dict]]:
+        """host -> its modeld's deployment records, oldest first (GET /v1/deployments)."""
+        out = {}
+        for h in self.fleet.hosts:
+            text = h.ok("curl", "-sf", "--unix-socket", "/run/modeld/modeld.sock", "http://modeld/v1/deployments")
+            out[h.name] = list(reversed(json.loads(text)["deployments"]))
         return out
 
     def main_pids(self) -> dict[str, str]:
@@ -245,6 +255,7 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(site):
     assert {h: v["changed"] for h, v in recap(r.stdout).items()} == {f"host{i}": 0 for i in range(1, 5)}, recap(r.stdout)
     assert site.main_pids() == pids
     check = site.playbook("rollout", "--check")
+    assert set(recap(check.stdout)) == {f"host{i}" for i in range(1, 5)}, check.stdout[-3000:]
     assert all(v["changed"] == 0 for v in recap(check.stdout).values()), recap(check.stdout)
 
 
@@ -256,29 +267,48 @@ def test_the_rollback_playbook_returns_every_host_without_a_download(site):
     assert site.file_bytes() == before, "the rollback downloaded"
 
 
-def stopped_at_the_canary(site: Site, seed: int, extra: dict[str, str]) -> str:
+def stopped_at_the_canary(site: Site, seed: int, extra: dict[str, str]) -> tuple[str, list[dict], str, str]:
     """Rolls out a new commit (new shards and `extra` files) that the canary must refuse; checks
-    that the rollout failed, every host serves the old commit again and no host past the canary
-    was touched; returns the playbook's output."""
+    that the rollout failed, every host serves the old commit again, the canary's server was
+    restarted and no host past the canary was touched (same MainPID, no deploy record: only the
+    staging pulls). Returns (the playbook's output, the canary's new deploy records, the new
+    commit, the old one)."""
     old = set(site.serving().values()).pop()
-    pids = site.main_pids()
-    push_checkpoint(site, seed, extra)
+    pids, seen = site.main_pids(), {h: {d["id"] for d in ds} for h, ds in site.history().items()}
+    new = push_checkpoint(site, seed, extra)
     r = site.playbook("rollout", expect_rc=None)
     assert r.returncode != 0
     assert set(site.serving().values()) == {old}, site.serving()
-    others = {h: p for h, p in site.main_pids().items() if h != "host1"}
-    assert others == {h: p for h, p in pids.items() if h != "host1"}, "a host past the canary was touched"
-    return r.stdout
+    now, records = site.main_pids(), {h: [d for d in ds if d["id"] not in seen[h]] for h, ds in site.history().items()}
+    assert now["host1"] != pids["host1"], "the canary's server was never restarted"
+    for h in ("host2", "host3", "host4"):
+        assert now[h] == pids[h], f"{h}, past the canary, was restarted"
+        assert records[h] and {d["kind"] for d in records[h]} == {"pull"}, f"{h}, past the canary: {records[h]}"
+    return r.stdout, [d for d in records["host1"] if d["kind"] == "deploy"], new, old
 
 
 def test_a_canary_that_fails_health_stops_the_rollout(site):
-    out = stopped_at_the_canary(site, 3, {"stand_in_fail_health.txt": "1\n"})
+    out, deploys, new, _ = stopped_at_the_canary(site, 3, {"stand_in_fail_health.txt": "1\n"})
     assert "rolled_back" in out, out[-3000:]
+    # modeld switched the canary to the new commit and rolled it back itself.
+    assert [(d["commit"], d["state"]) for d in deploys] == [(new, "rolled_back")], deploys
 
 
 def test_a_canary_that_decodes_too_slowly_goes_back_and_stops_the_rollout(site):
-    out = stopped_at_the_canary(site, 4, {"stand_in_token_seconds.txt": "0.2\n"})
-    assert "too slow" in out or "below" in out, out[-3000:]
+    baseline = json.loads(site.fleet.hosts[0].ok("cat", f"/var/lib/modeld-fleet/{MODEL}.json"))["decode_tokens_per_s"]
+    out, deploys, new, old = stopped_at_the_canary(site, 4, {"stand_in_token_seconds.txt": "0.2\n"})
+    # The canary served the new commit (a succeeded deploy, benchmarked), then the gate deployed
+    # the old one back.
+    assert [(d["commit"], d["state"]) for d in deploys] == [(new, "succeeded"), (old, "succeeded")], deploys
+    measured = deploys[0]["benchmark"]["decode_tokens_per_s"]
+    # The stand-in was told to take 0.2 s a token: 5 tokens/s (the time between tokens), slower under load.
+    assert 3.5 <= measured <= 5.5, deploys[0]["benchmark"]
+    m = re.search(r"host1 failed the decode speed gate on (\w+) and serves (\w+) again: host1 decodes ([\d.]+) "
+                  r"tokens/s, below 0.5 x the baseline ([\d.]+) tokens/s", out)
+    assert m, out[-3000:]
+    assert (m.group(1), m.group(2)) == (new, old), m.group(0)
+    assert float(m.group(3)) == pytest.approx(measured, rel=1e-6), m.group(0)
+    assert float(m.group(4)) == pytest.approx(baseline, rel=1e-6) and baseline > 2 * 5.5, (m.group(0), baseline)
 
 
 def test_the_token_reaches_the_hub_only_and_no_output_or_log(site):
@@ -286,7 +316,8 @@ def test_the_token_reaches_the_hub_only_and_no_output_or_log(site):
         assert TOKEN not in out
     requests = [json.loads(line) for line in site.requests.read_text().splitlines() if line.strip()]
     assert any(q["origin"] == "hub" and q["authorization_present"] for q in requests)
-    assert not any(q["authorization_present"] for q in requests if q["origin"] == "cdn")
+    cdn = [q for q in requests if q["origin"] == "cdn"]
+    assert cdn and not any(q["authorization_present"] for q in cdn), "no CDN request, or one with the token"
     for log in (site.cache.access_log, site.cache.upstream_log, site.cache.error_log):
         assert TOKEN not in log.read_text(), log
     for h in site.fleet.hosts:

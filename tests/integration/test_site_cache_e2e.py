@@ -5,13 +5,18 @@ another address (127.0.0.3) whose signed URLs carry a nonce of their own on ever
 Checked: commit-pinned answers come from upstream once and then from the cache; branch lookups
 always reach the Hub; the signed, expiring redirect never defeats the cache nor is replayed after
 it expired; concurrent ranged misses are collapsed into one upstream fetch per slice; the token
-reaches the Hub and never the CDN nor a log; who may read the cache is restricted; and a real
-modeld whose cache dies mid-download finishes through it once it is back, verified.
+reaches the Hub and never the CDN nor a log, and a refusal is never stored; who may read the cache
+is restricted; and a real modeld whose cache dies mid-download finishes through it once it is
+back, asking only for what it lacked, verified. Negative controls, each the shipped configuration
+with one mechanism off: without proxy_cache_lock the concurrent misses exceed the 1.1 x bound;
+without slices the resume fetches whole files again.
 Loopback only: the hub on 127.0.0.2, its CDN on 127.0.0.3, the cache on 127.0.0.4."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -24,7 +29,7 @@ import pytest
 
 from modeld_env import Hub, ModeldEnv, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
-from site_cache import SiteCache, make_tls
+from site_cache import LOCK_OFF, NO_SLICES, SiteCache, make_tls
 
 TOKEN = "hf_sitecache_0123456789abcdef"
 HUB_HOST = "127.0.0.2"
@@ -157,7 +162,8 @@ def test_every_redirect_has_its_own_nonce_and_an_expired_one_is_never_replayed(h
     want = (hub.repos / "acme/big/model-00002-of-00002.safetensors").read_bytes()
     status, _, tail = get(cache, tls[0], resolve, rng=f"bytes={len(want) - MiB}-{len(want) - 1}")
     assert status == 206 and tail == want[-MiB:]
-    assert all(e["status"] in (200, 206) for e in cache.upstream()), cache.upstream()
+    fetches = cache.upstream()
+    assert fetches and all(e["status"] in (200, 206) for e in fetches), fetches
 
 
 def modeld_parts(size: int, cuts: list[int]) -> list[str | None]:
@@ -170,9 +176,11 @@ def modeld_parts(size: int, cuts: list[int]) -> list[str | None]:
     return [f"bytes={lo}-{hi - 1}" if hi < size else f"bytes={lo}-" for lo, hi in zip(bounds, bounds[1:])]
 
 
-def test_concurrent_ranged_misses_are_one_upstream_fetch_per_slice(hub, cache, tls):
-    # Four hosts at once, each fetching the whole file in the parts modeld asks for, split in a
-    # different place each, through a throttled upstream so that they overlap.
+def four_hosts_at_once(hub: Hub, cache: SiteCache, tls) -> tuple[int, int]:
+    """Four hosts at once on a cold cache, each fetching one whole file in the parts modeld asks
+    for, split in a different place each, through a throttled upstream so that they overlap.
+    Checks every host got the file and that they overlapped; returns (the CDN's bytes for the
+    file, its size)."""
     write_control(hub.control, throttle=16 * MiB)
     try:
         commit = commit_of(hub, "acme/big")
@@ -194,14 +202,30 @@ def test_concurrent_ranged_misses_are_one_upstream_fetch_per_slice(hub, cache, t
             results = list(pool.map(host, range(4)))
     finally:
         write_control(hub.control)
-    assert all(r == want for r in results)
-    fetched = file_bytes(hub, f"acme/big/{name}") - before
-    assert fetched <= 1.1 * size, f"{fetched} upstream bytes for 4 clients of a {size}-byte file"
-    logged = sum(e["body_bytes"] for e in cache.upstream() if name in e["uri"])
-    assert fetched <= logged <= 1.1 * size + 64 * 1024, f"upstream log: {logged} bytes, the CDN sent {fetched}"
+    assert results == [want] * 4, "a host got other bytes than the file"
     spans = [(e["msec"] - e["request_time"], e["msec"]) for e in cache.access() if name in e["uri"]]
+    assert spans, "the access log has no answer of the file"
     first = [s for s in spans if s[1] == min(x[1] for x in spans)][0]
     assert sum(1 for s in spans if s[0] < first[1]) >= 4, f"the four clients did not overlap: {spans}"
+    return file_bytes(hub, f"acme/big/{name}") - before, size
+
+
+def test_concurrent_ranged_misses_are_one_upstream_fetch_per_slice(hub, cache, tls):
+    fetched, size = four_hosts_at_once(hub, cache, tls)
+    assert fetched <= 1.1 * size, f"{fetched} upstream bytes for 4 clients of a {size}-byte file"
+    logged = sum(e["body_bytes"] for e in cache.upstream() if "model-00001-of-00002" in e["uri"])
+    assert fetched <= logged <= 1.1 * size + 64 * 1024, f"upstream log: {logged} bytes, the CDN sent {fetched}"
+
+
+def test_without_the_cache_lock_concurrent_misses_each_go_upstream(tmp_path, hub, tls):
+    # The negative control of the test above: the same four hosts, the shipped configuration
+    # with proxy_cache_lock off. The 1.1 x bound holds because of the lock, not the slices alone.
+    ca, cert, key = tls
+    with SiteCache(tmp_path / "cache", hub.endpoint, CACHE_HOST, free_port(), cert, key, upstream_ca=ca,
+                   allow=("127.0.0.1",), edits=LOCK_OFF) as unlocked:
+        fetched, size = four_hosts_at_once(hub, unlocked, tls)
+    print(f"lock off: {fetched} upstream bytes for 4 clients of a {size}-byte file ({fetched / size:.2f} x)")
+    assert fetched > 1.1 * size, f"without the lock the Hub sent only {fetched} bytes for a {size}-byte file"
 
 
 def test_the_token_reaches_the_hub_only_and_no_log(hub, cache, tls):
@@ -216,9 +240,16 @@ def test_the_token_reaches_the_hub_only_and_no_log(hub, cache, tls):
     assert cdn and not any(q["authorization_present"] for q in cdn), cdn
     for log in (cache.access_log, cache.upstream_log, cache.error_log):
         assert TOKEN not in log.read_text(), f"the token is in {log.name}"
-    # Without a token the Hub refuses, and the cache stores nothing for it.
-    status, _, _ = get(cache, tls[0], "/api/models/acme/big/revision/main", token=None)
-    assert status == 401
+    # Without a token the Hub refuses, and the cache stores nothing for it: no file under the
+    # answer's cache key, and the next asker, with a token, is answered by the Hub, not the 401.
+    branch, pinned = "/api/models/acme/big/revision/main", f"/api/models/acme/big/revision/{commit}?blobs=true"
+    for path in (branch, pinned):
+        assert get(cache, tls[0], path, token=None)[0] == 401, path
+        assert cache.entry(f"api {path}") == [], f"the cache stored the refusal of {path}"
+    status, headers, _ = get(cache, tls[0], pinned)
+    assert (status, headers.get("x-cache-status")) == (200, "MISS"), (status, headers)
+    # The entry's file name is nginx's: the answer with the token is stored there.
+    wait_for("the pinned listing on the cache's disk", lambda: cache.entry(f"api {pinned}"), timeout=30)
 
 
 def test_only_allowed_addresses_may_read_the_cache(hub, cache, tls):
@@ -229,48 +260,108 @@ def test_only_allowed_addresses_may_read_the_cache(hub, cache, tls):
     assert status == 403 and b"architectures" not in body
 
 
-@pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
-def test_modeld_resumes_through_a_cache_that_died_mid_download(tmp_path, tls):
+class TwoConnectionEnv(ModeldEnv):
+    """ModeldEnv downloading over two connections ([hub] parallel_files = 2; the base writes 4):
+    one per shard, so each shard's first slice is whole on the cache long before the end."""
+
+    def write_config(self, model_tables: str):
+        super().write_config(model_tables)
+        text = self.config.read_text()
+        assert "parallel_files = 4" in text, text
+        self.config.write_text(text.replace("parallel_files = 4", "parallel_files = 2"))
+
+
+@dataclasses.dataclass
+class DeadCacheRun:
+    """What a_download_through_a_cache_that_dies saw."""
+    modeld: ModeldEnv
+    first: dict  # the deployment record at the start
+    done: dict  # the final record
+    total: int  # the checkpoint's file bytes
+    stored: int  # bytes of whole slices the cache had fetched from upstream before it died
+    asked: list[dict]  # the access log's answers of files to modeld after the cache came back
+    refetched: int  # file bytes the cache fetched from upstream after it came back
+
+
+@contextlib.contextmanager
+def a_download_through_a_cache_that_dies(tmp_path: Path, tls, edits=None):
+    """A real modeld deploys a model of two 40 MiB shards, one connection each, through the cache
+    (the shipped one, or with `edits`); the cache is stopped once 40 MiB are down (past each
+    shard's first 16 MiB slice) and started again once modeld retries. Yields a DeadCacheRun."""
     ca, cert, key = tls
     port = free_port()
     cache_port = free_port()
-    e = ModeldEnv(workdir=tmp_path / "modeld",
-                  hub_args=["--host", HUB_HOST, "--tls-cert", str(cert), "--tls-key", str(key), "--cdn-host", "127.0.0.3",
-                            "--token", TOKEN, "--throttle", str(4 * MiB)],
-                  config_extra=f'ca_file = "{ca}"')
+    e = TwoConnectionEnv(workdir=tmp_path / "modeld",
+                         hub_args=["--host", HUB_HOST, "--tls-cert", str(cert), "--tls-key", str(key), "--cdn-host", "127.0.0.3",
+                                   "--token", TOKEN, "--throttle", str(4 * MiB)],
+                         config_extra=f'ca_file = "{ca}"')
     e.endpoint = f"https://{CACHE_HOST}:{cache_port}"
     (e.workdir / "credentials").mkdir(parents=True)
     (e.workdir / "credentials" / "hf-token").write_text(TOKEN + "\n")
     e.add_repo("acme/big", shards=2, shard_size=SHARD, seed=9)
-    c = SiteCache(tmp_path / "cache", "", CACHE_HOST, cache_port, cert, key, upstream_ca=ca, allow=("127.0.0.1",))
+    c = SiteCache(tmp_path / "cache", "", CACHE_HOST, cache_port, cert, key, upstream_ca=ca, allow=("127.0.0.1",),
+                  edits=edits)
     try:
         e.start(model_table("big", "acme/big", port))
         c.hub_url = e.hub.endpoint
         c.start()
         assert e.modelctl("deploy", "big").returncode == 0
-        started = e.status()["deployment"]
-        wait_for("a part of the download through the cache",
-                 lambda: e.status()["deployment"]["progress"]["bytes_done"] >= 8 * MiB, timeout=60)
+        first = e.status()["deployment"]
+        wait_for("40 MiB of the download through the cache",
+                 lambda: e.status()["deployment"]["progress"]["bytes_done"] >= 40 * MiB, timeout=60)
         c.stop()
-        wait_for("modeld noticing the cache is gone", lambda: e.status()["deployment"]["state"] == "running"
-                 and any("retry" in (x.get("MESSAGE") or "").lower() or "refused" in (x.get("MESSAGE") or "").lower()
-                         for x in e.journal(unit="modeld.service")), timeout=60)
+        stopped_us, before = time.time() * 1e6, c.upstream()
+        wait_for("modeld retrying after the cache is gone",
+                 lambda: e.status()["deployment"]["state"] == "running" and retrying_since(e, stopped_us), timeout=60)
         restarted = time.time()
         c.start()
         done = wait_for("the deployment's end", lambda: (d := e.status()["deployment"])["state"] != "running" and d,
                         timeout=180)
-        assert done["state"] == "succeeded", done
-        assert done["id"] == started["id"], "the deployment started over instead of resuming"
-        # Resumed through the cache: after it came back, modeld asked only for what it lacked.
-        total = sum(f.stat().st_size for f in (e.repos / "acme/big").glob("*.safetensors"))
-        after = [a for a in c.access() if a["msec"] >= restarted and "safetensors" in a["uri"]]
-        assert after and all(a["range"].startswith("bytes=") for a in after), after
-        assert sum(a["body_bytes"] for a in after) <= total - 8 * MiB, after
-        for f in (e.repos / "acme/big").glob("*.safetensors"):
-            got = hashlib.sha256((e.models_dir / "big" / f.name).read_bytes()).hexdigest()
-            assert got == hashlib.sha256(f.read_bytes()).hexdigest(), f.name
-        assert not any(q["authorization_present"] for q in e.hub.requests() if q["origin"] == "cdn")
-        assert e.modelctl("verify", "big").returncode == 0
+        files = lambda entries: [x for x in entries if x["uri"].endswith(".safetensors")]  # noqa: E731
+        yield DeadCacheRun(
+            e, first, done, sum(f.stat().st_size for f in (e.repos / "acme/big").glob("*.safetensors")),
+            sum(x["body_bytes"] for x in files(before) if x["body_bytes"] == 16 * MiB),
+            [a for a in files(c.access()) if a["msec"] >= restarted],
+            sum(x["body_bytes"] for x in files(c.upstream()[len(before):])))
     finally:
         c.stop()
         e.stop()
+
+
+def retrying_since(e: ModeldEnv, since_us: float) -> bool:
+    """modeld's journal has a download retry logged at or after `since_us` (µs since the epoch)."""
+    return any("retrying in" in (x.get("MESSAGE") or "") and int(x["__REALTIME_TIMESTAMP"]) >= since_us
+               for x in e.journal(unit="modeld.service"))
+
+
+@pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+def test_modeld_resumes_through_a_cache_that_died_mid_download(tmp_path, tls):
+    with a_download_through_a_cache_that_dies(tmp_path, tls) as run:
+        e, done = run.modeld, run.done
+        assert done["state"] == "succeeded", done
+        assert done["id"] == run.first["id"], "the deployment started over instead of resuming"
+        # Resumed through the cache: after it came back, modeld asked only for what it lacked,
+        # and the cache fetched from upstream only the slices it had not stored before it died.
+        assert run.asked and all(a["range"].startswith("bytes=") for a in run.asked), run.asked
+        assert sum(a["body_bytes"] for a in run.asked) <= run.total - 8 * MiB, run.asked
+        assert run.stored >= 16 * MiB, f"the cache stored {run.stored} bytes of whole slices before it died"
+        assert run.refetched <= run.total - run.stored, (run.refetched, run.total, run.stored)
+        for f in (e.repos / "acme/big").glob("*.safetensors"):
+            got = hashlib.sha256((e.models_dir / "big" / f.name).read_bytes()).hexdigest()
+            assert got == hashlib.sha256(f.read_bytes()).hexdigest(), f.name
+        cdn = [q for q in e.hub.requests() if q["origin"] == "cdn"]
+        assert cdn and not any(q["authorization_present"] for q in cdn), cdn
+        assert e.modelctl("verify", "big").returncode == 0
+
+
+@pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
+def test_without_slices_a_cache_that_died_fetches_whole_files_again(tmp_path, tls):
+    # The negative control of the test above: the shipped configuration without `slice`. What
+    # slicing carries: a file cut mid-fetch keeps its whole slices on the cache's disk, so the
+    # resume costs upstream only the rest. A whole-file cache keeps nothing of a cut file and
+    # fetches it all again, though modeld asks (and gets, 206) only the rest of it.
+    with a_download_through_a_cache_that_dies(tmp_path, tls, edits=NO_SLICES) as run:
+        print(f"no slices: upstream sent {run.refetched} bytes after the restart, checkpoint {run.total}")
+        assert run.stored == 0, run.stored
+        assert run.refetched >= run.total, f"without slices the cache refetched only {run.refetched} bytes"
+        assert run.done["state"] == "succeeded", run.done
