@@ -255,8 +255,8 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(site):
     assert {h: v["changed"] for h, v in recap(r.stdout).items()} == {f"host{i}": 0 for i in range(1, 5)}, recap(r.stdout)
     assert site.main_pids() == pids
     check = site.playbook("rollout", "--check")
-    assert set(recap(check.stdout)) == {f"host{i}" for i in range(1, 5)}, check.stdout[-3000:]
-    assert all(v["changed"] == 0 for v in recap(check.stdout).values()), recap(check.stdout)
+    predicted = {h: v["changed"] for h, v in recap(check.stdout).items()}
+    assert predicted == {f"host{i}": 0 for i in range(1, 5)}, check.stdout[-3000:]
 
 
 def test_the_rollback_playbook_returns_every_host_without_a_download(site):
