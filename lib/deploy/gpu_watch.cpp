@@ -47,7 +47,8 @@ std::optional<gpu::Baseline> read_baseline(const Services& s, const Run& run) {
 }
 
 asio::awaitable<Result<std::optional<gpu::Snapshot>>> snapshot(Services& s) {
-  co_return co_await util::on_pool<Result<std::optional<gpu::Snapshot>>>(s.disk_pool, [] { return nvml().snapshot(); });
+  co_return co_await util::on_pool<Result<std::optional<gpu::Snapshot>>>(
+      s.disk_pool, [&s] { return s.gpu_snapshot ? s.gpu_snapshot() : nvml().snapshot(); });
 }
 
 bool used_by_any(const std::vector<config::GpuSet>& sets, unsigned index) {

@@ -13,6 +13,7 @@
 #include "store/store.hpp"
 #include "deploy/placement.hpp"
 #include "deploy/records.hpp"
+#include "gpu/nvml.hpp"
 #include "hub/hub.hpp"
 #include "sys/log.hpp"
 #include "util/error.hpp"
@@ -46,6 +47,9 @@ struct Services {
   boost::asio::thread_pool& disk_pool;
   /// A test seam replacing the readiness wait of wait_model_ready; empty (the daemon's case): the real probes.
   std::function<boost::asio::awaitable<Result<void>>(const config::ModelConfig&, const sys::Fields&)> wait_ready;
+  /// A test seam replacing NVML's snapshot in gpu_watch.hpp (called on the disk pool, as NVML is);
+  /// empty (the daemon's case): the process's NVML.
+  std::function<Result<std::optional<gpu::Snapshot>>()> gpu_snapshot;
 };
 
 /// What eviction knows of the services in service: their models are never evicted, except those

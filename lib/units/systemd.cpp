@@ -7,6 +7,7 @@
 // on systemd.
 
 #include "units/service_manager.hpp"
+#include "units/sd_bus_reply.hpp"
 
 #include "util/files.hpp"
 
@@ -62,10 +63,7 @@ struct Reply {
   ~Reply() { sd_bus_message_unref(m); }
 };
 
-Error bus_error(const std::string& unit, std::string_view what, int r, const sd_bus_error& e) {
-  std::string why = e.message && *e.message ? e.message : std::strerror(-r);
-  return make_error(Errc::unit_failed, fmt::format("{}: {}: {}", unit, what, why));
-}
+using detail::bus_error;
 
 // A Manager method taking the unit name (and, for jobs, the mode "replace"). When
 // `not_loaded_ok`, systemd's NoSuchUnit answer counts as success: there is nothing to stop or reset.
@@ -77,9 +75,7 @@ Result<void> manager_unit_call(sd_bus* bus, const char* method, const std::strin
                                    "ss", unit.c_str(), "replace")
               : sd_bus_call_method(bus, kDestination, kManagerPath, kManager, method, &err.e, &reply.m,
                                    "s", unit.c_str());
-  if (r >= 0) return {};
-  if (not_loaded_ok && sd_bus_error_has_name(&err.e, kNoSuchUnit)) return {};
-  return bus_error(unit, method, r, err.e);
+  return detail::manager_call_result(unit, method, r, err.e, not_loaded_ok);
 }
 
 Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
@@ -133,20 +129,8 @@ Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
     // Best effort: without it, readers of the unit's journal fall back to a time bound.
     BusError err;
     Reply reply;
-    if (sd_bus_get_property(bus, kDestination, object.c_str(), kUnit, "InvocationID", &err.e, &reply.m, "ay") >= 0) {
-      const void* bytes = nullptr;
-      std::size_t size = 0;
-      if (sd_bus_message_read_array(reply.m, 'y', &bytes, &size) >= 0 && size == 16) {
-        static constexpr char kHex[] = "0123456789abcdef";
-        for (std::size_t i = 0; i < size; ++i) {
-          auto b = static_cast<const unsigned char*>(bytes)[i];
-          st.invocation_id.push_back(kHex[b >> 4]);
-          st.invocation_id.push_back(kHex[b & 0xF]);
-        }
-        // A unit that never ran has the null ID.
-        if (st.invocation_id.find_first_not_of('0') == std::string::npos) st.invocation_id.clear();
-      }
-    }
+    if (sd_bus_get_property(bus, kDestination, object.c_str(), kUnit, "InvocationID", &err.e, &reply.m, "ay") >= 0)
+      st.invocation_id = detail::read_invocation_id(reply.m);
   }
   return st;
 }
@@ -167,19 +151,7 @@ Result<std::vector<std::uint32_t>> unit_pids(sd_bus* bus, const std::string& uni
     if (attempt >= 4) return bus_error(unit, "GetUnitProcesses", r, err.e);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::vector<std::uint32_t> pids;
-  r = sd_bus_message_enter_container(reply.m, 'a', "(sus)");
-  if (r < 0) return bus_error(unit, "GetUnitProcesses reply", r, err.e);
-  for (;;) {
-    const char* cgroup = nullptr;
-    std::uint32_t pid = 0;
-    const char* cmdline = nullptr;
-    r = sd_bus_message_read(reply.m, "(sus)", &cgroup, &pid, &cmdline);
-    if (r < 0) return bus_error(unit, "GetUnitProcesses reply", r, err.e);
-    if (r == 0) break;
-    pids.push_back(pid);
-  }
-  return pids;
+  return detail::read_unit_processes(reply.m, unit);
 }
 
 class SystemdManager final : public ServiceManager {
@@ -313,6 +285,55 @@ Result<void> write_dropin_file(const std::filesystem::path& unit_dir, const std:
   if (ec) return util::errno_error(ec.value(), dir, "create directory");
   return util::write_file_atomically(dir / name, content, 0644);
 }
+
+namespace detail {
+
+Error bus_error(const std::string& unit, std::string_view what, int r, const sd_bus_error& e) {
+  std::string why = e.message && *e.message ? e.message : std::strerror(-r);
+  return make_error(Errc::unit_failed, fmt::format("{}: {}: {}", unit, what, why));
+}
+
+Result<void> manager_call_result(const std::string& unit, const char* method, int r, const sd_bus_error& e,
+                                 bool not_loaded_ok) {
+  if (r >= 0) return {};
+  if (not_loaded_ok && sd_bus_error_has_name(&e, kNoSuchUnit)) return {};
+  return bus_error(unit, method, r, e);
+}
+
+Result<std::vector<std::uint32_t>> read_unit_processes(sd_bus_message* reply, const std::string& unit) {
+  const sd_bus_error none = SD_BUS_ERROR_NULL;
+  std::vector<std::uint32_t> pids;
+  int r = sd_bus_message_enter_container(reply, 'a', "(sus)");
+  if (r < 0) return bus_error(unit, "GetUnitProcesses reply", r, none);
+  for (;;) {
+    const char* cgroup = nullptr;
+    std::uint32_t pid = 0;
+    const char* cmdline = nullptr;
+    r = sd_bus_message_read(reply, "(sus)", &cgroup, &pid, &cmdline);
+    if (r < 0) return bus_error(unit, "GetUnitProcesses reply", r, none);
+    if (r == 0) break;
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+std::string read_invocation_id(sd_bus_message* reply) {
+  const void* bytes = nullptr;
+  std::size_t size = 0;
+  if (sd_bus_message_read_array(reply, 'y', &bytes, &size) < 0 || size != 16) return {};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (std::size_t i = 0; i < size; ++i) {
+    auto b = static_cast<const unsigned char*>(bytes)[i];
+    id.push_back(kHex[b >> 4]);
+    id.push_back(kHex[b & 0xF]);
+  }
+  // A unit that never ran has the null ID.
+  if (id.find_first_not_of('0') == std::string::npos) id.clear();
+  return id;
+}
+
+}  // namespace detail
 
 std::unique_ptr<ServiceManager> make_systemd_manager(asio::any_io_executor executor,
                                                      std::filesystem::path unit_dir) {

@@ -273,7 +273,10 @@ TEST_CASE("a stop is refused 403 to a stranger, 404 for an unknown model, 405 fo
   CHECK(e.stops.empty());
   require_error(call(e, "POST", "/v1/models/ghost/stop"), 404, "unknown_model");
   CHECK(call(e, "POST", "/v1/models/llama/stop", root).status == 202);
-  // The stop runs: another stop is refused as a deploy would be (the real rule: deployer_test.cpp).
+  // The stop runs: another stop is refused as a deploy would be. The 409 here is FakeEngine's; the
+  // real rule is tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "a stop
+  // while a deployment runs is refused as deployment_running even for a model not in service" and
+  // "a deploy or a pull or a stop or a verify while a stop runs is refused as deployment_running".
   require_error(call(e, "POST", "/v1/models/kimi-k2-5/stop"), 409, "deployment_running");
   CHECK(e.stops == std::vector<std::string>{"ghost", "llama", "kimi-k2-5"});
 }

@@ -3,8 +3,9 @@
 // systemd, readiness through Services::wait_ready and no GPU (MODELD_NVML_LIBRARY names a
 // library the loader cannot find, which is a host without the NVIDIA driver).
 //
-// These are the tests of the real exclusion rules (the 409s of the API): deployer.cpp's start()
-// and disk_conflict(). tests/unit/control only checks how the routes map those errors.
+// These are the tests of the real exclusion rules (the 409s of the API): deployer.cpp's start(),
+// stop(), refuse_new_record() and disk_conflict(). tests/unit/control only checks how the routes
+// map those errors.
 
 #include "deploy/deployer.hpp"
 
@@ -16,6 +17,7 @@
 #include "store/store_detail.hpp"
 #include "units/service_manager.hpp"
 #include "util/json.hpp"
+#include "util/quantities.hpp"
 #include "verify/hash.hpp"
 
 #include "unit/deploy/fake_units.hpp"
@@ -32,9 +34,12 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -596,22 +601,108 @@ TEST_CASE("the event stream's names and data text of a deployment stay as they w
         std::pair<std::string, std::string>{
             "state", fmt::format(R"({{"error":null,"id":"{}","model":"new","phase":"benchmarking","state":"succeeded"}})",
                                  d.id)});
-  std::size_t progress = 0;
+  std::size_t download = 0, warming = 0;
   for (const auto& [kind, text] : fx.texts) {
     if (kind != "progress") continue;
-    ++progress;
     const auto j = nlohmann::json::parse(text);
     if (j.contains("warm")) {  // warming's progress: the download's figures, plus its phase and its own
+      ++warming;
       CHECK(text == fmt::format(R"({{"id":"{}","model":"new","phase":"warming","progress":{},"warm":{}}})", d.id,
                                 j["progress"].dump(), j["warm"].dump()));
       CHECK(j["warm"].size() == 4);
+      CHECK(j["warm"]["bytes_total"] == kConfigJson.size());  // the revision's one file
       continue;
     }
+    ++download;
     CHECK(text == fmt::format(R"({{"id":"{}","model":"new","progress":{}}})", d.id, j["progress"].dump()));
     CHECK(j["progress"].size() == 7);
     CHECK(j["progress"].contains("files"));
   }
-  CHECK(progress > 0);
+  CHECK(download > 0);
+  CHECK(warming > 0);  // warming reports its figures at least once (before its first read)
+}
+
+namespace {
+
+// A datagram socket in `dir` standing in for the service manager's $NOTIFY_SOCKET while it lives.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const fs::path& dir) : path_(dir / "notify") {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    REQUIRE(path_.string().size() < sizeof addr.sun_path);
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof addr.sun_path - 1);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    ::setenv("NOTIFY_SOCKET", path_.c_str(), 1);
+  }
+  ~NotifySocket() {
+    ::unsetenv("NOTIFY_SOCKET");
+    ::close(fd_);
+  }
+  NotifySocket(const NotifySocket&) = delete;
+  NotifySocket& operator=(const NotifySocket&) = delete;
+
+  // The datagrams received so far (sd_notify sends before it returns).
+  std::vector<std::string> received() {
+    std::vector<std::string> out;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT)) >= 0;) out.emplace_back(buf, static_cast<std::size_t>(n));
+    return out;
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+TEST_CASE("with nothing to download warming's first figures go out as STATUS= at once") {
+  // The download's progress would have sent STATUS= less than a second before; without one, the
+  // first figures of warming are announced as they come, before warming's next report (its last).
+  Fixture fx;
+  fx.put_verified("new", kNew, false);
+  fx.boot();
+  NotifySocket notify(fx.dir);
+  std::optional<deploy::WarmReport> first;
+  std::vector<std::string> while_warming;  // what $NOTIFY_SOCKET got by each of warming's reports
+  fx.deployer->subscribe([&](const deploy::Event& e) {
+    if (e.kind != deploy::EventKind::progress || !e.warm) return;
+    if (!first) first = e.warm;
+    for (auto& d : notify.received()) while_warming.push_back(std::move(d));
+  });
+  check_new_serves(fx, fx.wait_end(fx.deploy("new").id));
+  REQUIRE(first);
+  REQUIRE(first->bytes_total == kConfigJson.size());
+  const auto in_memory = (first->bytes_resident_before + first->bytes_warmed) * 100 / first->bytes_total;
+  CHECK_THAT(while_warming, Catch::VectorContains(fmt::format("STATUS=warming the page cache for new: {}% of {} in memory",
+                                                              in_memory, util::format_bytes(kConfigJson.size()))));
+}
+
+TEST_CASE("while warming the STATUS= line names the model and how much of its files is in memory") {
+  // status_line() is the text announce_status() sends as STATUS=; read here at each of warming's
+  // progress events, right after the record took the figures.
+  Fixture fx;
+  fx.boot();
+  std::vector<std::pair<deploy::WarmReport, std::string>> seen;
+  fx.deployer->subscribe([&](const deploy::Event& e) {
+    if (e.kind == deploy::EventKind::progress && e.warm) seen.emplace_back(*e.warm, fx.deployer->status_line());
+  });
+  auto end = fx.wait_end(fx.deploy("new").id);
+  check_new_serves(fx, end);
+  REQUIRE_FALSE(seen.empty());
+  for (const auto& [w, line] : seen) {
+    REQUIRE(w.bytes_total == kConfigJson.size());
+    const auto in_memory = std::min<std::uint64_t>(100, (w.bytes_resident_before + w.bytes_warmed) * 100 / w.bytes_total);
+    CHECK(line == fmt::format("warming the page cache for new: {}% of {} in memory", in_memory,
+                              util::format_bytes(kConfigJson.size())));
+  }
+  REQUIRE(end.warm);
+  CHECK(end.warm->bytes_total == seen.back().first.bytes_total);
+  CHECK(end.warm->bytes_resident_before + end.warm->bytes_warmed ==
+        seen.back().first.bytes_resident_before + seen.back().first.bytes_warmed);
 }
 
 TEST_CASE("a cancelled deployment's state event carries the error object") {
@@ -1566,4 +1657,118 @@ TEST_CASE("a watcher restarts a service as it ran when today's configuration wou
   REQUIRE(fx.run_until([&] { return recorded_started(fx) == ran_with; }));
   CHECK(recorded_started(fx)->gpu_ids == std::vector<unsigned>{});
   CHECK(fx.units.dropins[kSpareUnit].find("CUDA_VISIBLE_DEVICES=") != std::string::npos);
+}
+
+// ---- the stop's 409 rules (deployer.cpp: stop() and refuse_new_record()) ----
+
+TEST_CASE("a stop while a deployment runs is refused as deployment_running even for a model not in service") {
+  Fixture fx;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  for (const char* model : {"old", "spare"}) {  // "spare" is not in service: refused, not "nothing to do"
+    CAPTURE(model);
+    auto stop = fx.deployer->stop(model);
+    REQUIRE_FALSE(stop);
+    CHECK(modeld::to_string(stop.error().code) == std::string_view("deployment_running"));
+    CHECK(stop.error().message == fmt::format("deployment {} of new is running (phase downloading)", d.id));
+  }
+  CHECK(fx.deployer->current()->id == d.id);
+  CHECK(fx.position("stop " + kOldUnit) == -1);
+  fx.file_gate.release();
+  check_new_serves(fx, fx.wait_end(d.id));
+  CHECK(fx.deployer->history(10).size() == 1);  // no stop record was made
+}
+
+TEST_CASE("a deploy or a pull or a stop or a verify while a stop runs is refused as deployment_running") {
+  Fixture fx;
+  fx.boot();
+  auto& stop_unit = fx.units.gates["stop " + kOldUnit];
+  stop_unit.armed = true;
+  auto s = fx.deployer->stop("old");
+  REQUIRE(s);
+  REQUIRE(fx.run_until([&] { return stop_unit.waiting == 1; }));
+  const std::string running = fmt::format("stop {} of old is running (phase stopping_old)", s->id);
+  for (const auto& r : {deploy::DeployRequest{"new"}, deploy::DeployRequest{"old"}, pull_of("new"), pull_of("spare")}) {
+    CAPTURE(r.model, deploy::to_string(r.kind));
+    auto again = fx.deployer->start(r);
+    REQUIRE_FALSE(again);
+    CHECK(modeld::to_string(again.error().code) == std::string_view("deployment_running"));
+    CHECK(again.error().message == running);
+  }
+  for (const char* model : {"old", "spare"}) {
+    CAPTURE(model);
+    auto stop = fx.deployer->stop(model);
+    REQUIRE_FALSE(stop);
+    CHECK(stop.error().code == Errc::deployment_running);
+    CHECK(stop.error().message == running);
+  }
+  auto v = fx.run(fx.deployer->verify("old"));
+  REQUIRE_FALSE(v);
+  CHECK(v.error().code == Errc::deployment_running);
+  CHECK(v.error().message == running + "; verify old when it has ended");
+  CHECK(fx.hub_targets.empty());  // no planning began
+  stop_unit.release();
+  auto end = fx.wait_end(s->id);
+  CHECK(end.state == State::succeeded);
+  CHECK(fx.deployer->history(10).size() == 1);
+  CHECK_FALSE(fx.deployer->active());
+  // Once the stop has ended, a deploy goes ahead.
+  auto d = fx.deploy("new");
+  CHECK(fx.wait_end(d.id).state == State::succeeded);
+}
+
+TEST_CASE("a stop during a verify or an rm is refused as deployment_running naming it") {
+  Fixture fx;
+  fx.boot();
+  PoolBlock block(fx.pool);
+  const std::string what = GENERATE(std::string("verify"), std::string("rm"));
+  const std::string model = what == "verify" ? "old" : "spare";
+  bool done = false, ok = false;
+  start_on_blocked_pool(fx, what, model, done, ok);
+  auto stop = fx.deployer->stop("old");
+  REQUIRE_FALSE(stop);
+  CHECK(stop.error().code == Errc::deployment_running);
+  CHECK_THAT(stop.error().message, Catch::StartsWith(fmt::format("a {} of model {} is in progress", what, model)));
+  CHECK(fx.deployer->history(10).empty());
+  block.release();
+  REQUIRE(fx.run_until([&] { return done; }));
+  CHECK(ok);
+  auto after = fx.deployer->stop("old");
+  REQUIRE(after);
+  CHECK(fx.wait_end(after->id).state == State::succeeded);
+}
+
+TEST_CASE("after a restart a stop is refused until the interrupted deployment continues") {
+  Fixture fx;
+  fx.leave_crashed_in(Phase::downloading);
+  fx.load();
+  auto stop = fx.deployer->stop("old");
+  REQUIRE_FALSE(stop);
+  CHECK(stop.error().code == Errc::deployment_running);
+  CHECK(stop.error().message ==
+        fmt::format("deployment {} of new, interrupted by modeld's restart, is about to continue", kRecordId));
+  CHECK(fx.units.unit_calls.empty());
+  bool recovered = false;
+  asio::co_spawn(fx.ioc, fx.deployer->recover(), [&](std::exception_ptr) { recovered = true; });
+  REQUIRE(fx.run_until([&] { return recovered; }));
+  check_new_serves(fx, fx.wait_end(kRecordId));
+}
+
+TEST_CASE("a stop and a deploy while modeld shuts down are refused as cancelled") {
+  Fixture fx;
+  fx.boot();
+  bool done = false;
+  fx.deployer->shutdown([&] { done = true; });
+  REQUIRE(fx.run_until([&] { return done; }));
+  auto stop = fx.deployer->stop("old");
+  REQUIRE_FALSE(stop);
+  CHECK(stop.error().code == Errc::cancelled);
+  CHECK(stop.error().message == "modeld is shutting down");
+  auto d = fx.deployer->start({"new", false});
+  REQUIRE_FALSE(d);
+  CHECK(d.error().code == Errc::cancelled);
+  CHECK(fx.position("stop " + kOldUnit) == -1);
+  CHECK(fx.deployer->history(10).empty());
 }
