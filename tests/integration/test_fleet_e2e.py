@@ -7,10 +7,11 @@ a CDN on another address with a nonce in every signed URL, throttled so that hos
 Checked: every host serves the pinned commit with byte-identical files; the Hub sent at most
 1.1 x the checkpoint's file bytes for all four hosts, whose requests overlapped; a second run
 changes and restarts nothing; the rollback playbook returns the hosts to the old commit without a
-download; a canary that fails health, and one that decodes too slowly, stop the rollout after the
-canary switched to the new commit (its deployment history and MainPID), with every other host
-untouched and serving the old model; the slow one's failure names the speed modeld measured and
-the baseline; the token is in no output, log or CDN request."""
+download; a canary that fails health, one that decodes too slowly and one whose decode speed was
+not measured stop the rollout after the canary switched to the new commit (its deployment history
+and MainPID), with every other host untouched and serving the old model; the slow one's failure
+names the speed modeld measured and the baseline, the unmeasured one's says no speed was measured;
+the token is in no output, log or CDN request."""
 
 from __future__ import annotations
 
@@ -309,6 +310,30 @@ def test_a_canary_that_decodes_too_slowly_goes_back_and_stops_the_rollout(site):
     assert (m.group(1), m.group(2)) == (new, old), m.group(0)
     assert float(m.group(3)) == pytest.approx(measured, rel=1e-6), m.group(0)
     assert float(m.group(4)) == pytest.approx(baseline, rel=1e-6) and baseline > 2 * 5.5, (m.group(0), baseline)
+
+
+def vars_without_benchmark(site: Site) -> Path:
+    """The site's variables with the model's benchmark off: an extra-vars file for one host."""
+    variables = json.loads(site.vars.read_text())
+    variables["modeld_models"][MODEL]["benchmark"] = {"enabled": False}
+    path = site.work / "fleet-vars-no-benchmark.json"
+    path.write_text(json.dumps(variables))
+    return path
+
+
+def test_a_canary_whose_decode_speed_was_not_measured_goes_back_and_stops_the_rollout(site):
+    # The gate's other refusal: host1's model has its benchmark off (installed for host1 only, and
+    # left so), so its deploy records no speed; a baseline is known (host1's last switch).
+    assert json.loads(site.fleet.hosts[0].ok("cat", f"/var/lib/modeld-fleet/{MODEL}.json"))["decode_tokens_per_s"]
+    site.playbook("install", "--limit", "host1", "-e", f"@{vars_without_benchmark(site)}")
+    out, deploys, new, old = stopped_at_the_canary(site, 5, {})
+    # The canary served the new commit, unbenchmarked, then the gate deployed the old one back.
+    assert [(d["commit"], d["state"]) for d in deploys] == [(new, "succeeded"), (old, "succeeded")], deploys
+    assert deploys[0]["benchmark"] is None, deploys[0]
+    m = re.search(r"host1 failed the decode speed gate on (\w+) and serves (\w+) again: host1: no decode speed "
+                  r"was measured on commit (\w+)", out)
+    assert m, out[-3000:]
+    assert m.groups() == (new, old, new), m.group(0)
 
 
 def test_the_token_reaches_the_hub_only_and_no_output_or_log(site):

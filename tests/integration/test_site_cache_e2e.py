@@ -7,9 +7,10 @@ always reach the Hub; the signed, expiring redirect never defeats the cache nor 
 it expired; concurrent ranged misses are collapsed into one upstream fetch per slice; the token
 reaches the Hub and never the CDN nor a log, and a refusal is never stored; who may read the cache
 is restricted; and a real modeld whose cache dies mid-download finishes through it once it is
-back, asking only for what it lacked, verified. Negative controls, each the shipped configuration
-with one mechanism off: without proxy_cache_lock the concurrent misses exceed the 1.1 x bound;
-without slices the resume fetches whole files again.
+back, asking only for what it lacked, verified, while the cache kept on its disk the slices it had
+fetched before it died. Negative controls, each the shipped configuration with one mechanism off:
+without proxy_cache_lock the concurrent misses exceed the 1.1 x bound; without slices the cache
+keeps nothing of the files it was cut off in.
 Loopback only: the hub on 127.0.0.2, its CDN on 127.0.0.3, the cache on 127.0.0.4."""
 
 from __future__ import annotations
@@ -272,22 +273,71 @@ class TwoConnectionEnv(ModeldEnv):
 
 
 @dataclasses.dataclass
+class Probe:
+    """One ranged request to the restarted cache, inside a slice it had fetched before it died."""
+    name: str  # the file
+    status: int
+    cache_status: str | None  # its X-Cache-Status
+    right_bytes: bool  # the body is the file's bytes at the range
+    upstream_bytes: int  # what the Hub sent of the file meanwhile
+
+
+def served_from_disk(p: Probe) -> bool:
+    """The cache answered the probe from what it had stored before it died: a HIT of the right
+    bytes, nothing sent by the Hub."""
+    return (p.status, p.cache_status, p.right_bytes, p.upstream_bytes) == (206, "HIT", True, 0)
+
+
+@dataclasses.dataclass
 class DeadCacheRun:
     """What a_download_through_a_cache_that_dies saw."""
     modeld: ModeldEnv
     first: dict  # the deployment record at the start
     done: dict  # the final record
     total: int  # the checkpoint's file bytes
-    stored: int  # bytes of whole slices the cache had fetched from upstream before it died
+    probes: list[Probe]  # one per shard, made before modeld could reach the restarted cache
     asked: list[dict]  # the access log's answers of files to modeld after the cache came back
-    refetched: int  # file bytes the cache fetched from upstream after it came back
+
+
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+PROBED = (MiB, 2 * MiB - 1)  # a range inside each shard's first slice, in modeld's "bytes=N-M" shape
+
+
+def probe_first_slices(e: ModeldEnv, c: SiteCache, ca: Path) -> list[Probe]:
+    """Asks the cache, as modeld does (its token, a Range), for PROBED of each shard."""
+    commit, probes = commit_of(e.hub, "acme/big"), []
+    for name in SHARDS:
+        before = file_bytes(e.hub, f"acme/big/{name}")
+        status, headers, body = get(c, ca, f"/acme/big/resolve/{commit}/{name}", rng="bytes=%d-%d" % PROBED)
+        want = (e.repos / "acme/big" / name).read_bytes()[PROBED[0]:PROBED[1] + 1]
+        probes.append(Probe(name, status, headers.get("x-cache-status"), body == want,
+                            file_bytes(e.hub, f"acme/big/{name}") - before))
+    return probes
+
+
+@contextlib.contextmanager
+def listening_on(c: SiteCache, port: int):
+    """The cache (its disk as it is) started on another port for the block, then stopped."""
+    shipped, c.port = c.port, port
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+        c.port = shipped
+
+
+def first_slices_fetched(e: ModeldEnv) -> bool:
+    """The Hub sent more than the first 16 MiB slice of each shard (so the cache had all of it)."""
+    return all(file_bytes(e.hub, f"acme/big/{name}") >= 17 * MiB for name in SHARDS)
 
 
 @contextlib.contextmanager
 def a_download_through_a_cache_that_dies(tmp_path: Path, tls, edits=None):
     """A real modeld deploys a model of two 40 MiB shards, one connection each, through the cache
-    (the shipped one, or with `edits`); the cache is stopped once 40 MiB are down (past each
-    shard's first 16 MiB slice) and started again once modeld retries. Yields a DeadCacheRun."""
+    (the shipped one, or with `edits`); the cache is stopped once 40 MiB are down and the Hub sent
+    each shard's first 16 MiB slice. Once modeld retries, the cache starts again on a port modeld
+    does not know, is probed (probe_first_slices) and stopped; then it starts again where modeld
+    looks. Yields a DeadCacheRun."""
     ca, cert, key = tls
     port = free_port()
     cache_port = free_port()
@@ -307,22 +357,23 @@ def a_download_through_a_cache_that_dies(tmp_path: Path, tls, edits=None):
         c.start()
         assert e.modelctl("deploy", "big").returncode == 0
         first = e.status()["deployment"]
-        wait_for("40 MiB of the download through the cache",
-                 lambda: e.status()["deployment"]["progress"]["bytes_done"] >= 40 * MiB, timeout=60)
+        wait_for("40 MiB of the download through the cache, past each shard's first slice",
+                 lambda: e.status()["deployment"]["progress"]["bytes_done"] >= 40 * MiB and first_slices_fetched(e),
+                 timeout=60)
         c.stop()
-        stopped_us, before = time.time() * 1e6, c.upstream()
+        stopped_us = time.time() * 1e6
         wait_for("modeld retrying after the cache is gone",
                  lambda: e.status()["deployment"]["state"] == "running" and retrying_since(e, stopped_us), timeout=60)
+        with listening_on(c, free_port()):
+            probes = probe_first_slices(e, c, ca)
         restarted = time.time()
         c.start()
         done = wait_for("the deployment's end", lambda: (d := e.status()["deployment"])["state"] != "running" and d,
                         timeout=180)
         files = lambda entries: [x for x in entries if x["uri"].endswith(".safetensors")]  # noqa: E731
         yield DeadCacheRun(
-            e, first, done, sum(f.stat().st_size for f in (e.repos / "acme/big").glob("*.safetensors")),
-            sum(x["body_bytes"] for x in files(before) if x["body_bytes"] == 16 * MiB),
-            [a for a in files(c.access()) if a["msec"] >= restarted],
-            sum(x["body_bytes"] for x in files(c.upstream()[len(before):])))
+            e, first, done, sum(f.stat().st_size for f in (e.repos / "acme/big").glob("*.safetensors")), probes,
+            [a for a in files(c.access()) if a["msec"] >= restarted])
     finally:
         c.stop()
         e.stop()
@@ -338,14 +389,13 @@ def retrying_since(e: ModeldEnv, since_us: float) -> bool:
 def test_modeld_resumes_through_a_cache_that_died_mid_download(tmp_path, tls):
     with a_download_through_a_cache_that_dies(tmp_path, tls) as run:
         e, done = run.modeld, run.done
+        # The cache kept on its disk the slices it had fetched before it died.
+        assert [served_from_disk(p) for p in run.probes] == [True, True], run.probes
         assert done["state"] == "succeeded", done
         assert done["id"] == run.first["id"], "the deployment started over instead of resuming"
-        # Resumed through the cache: after it came back, modeld asked only for what it lacked,
-        # and the cache fetched from upstream only the slices it had not stored before it died.
+        # Resumed through the cache: after it came back, modeld asked only for what it lacked.
         assert run.asked and all(a["range"].startswith("bytes=") for a in run.asked), run.asked
         assert sum(a["body_bytes"] for a in run.asked) <= run.total - 8 * MiB, run.asked
-        assert run.stored >= 16 * MiB, f"the cache stored {run.stored} bytes of whole slices before it died"
-        assert run.refetched <= run.total - run.stored, (run.refetched, run.total, run.stored)
         for f in (e.repos / "acme/big").glob("*.safetensors"):
             got = hashlib.sha256((e.models_dir / "big" / f.name).read_bytes()).hexdigest()
             assert got == hashlib.sha256(f.read_bytes()).hexdigest(), f.name
@@ -355,13 +405,12 @@ def test_modeld_resumes_through_a_cache_that_died_mid_download(tmp_path, tls):
 
 
 @pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
-def test_without_slices_a_cache_that_died_fetches_whole_files_again(tmp_path, tls):
+def test_without_slices_a_cache_that_died_keeps_nothing_of_the_files_it_was_cut_off_in(tmp_path, tls):
     # The negative control of the test above: the shipped configuration without `slice`. What
-    # slicing carries: a file cut mid-fetch keeps its whole slices on the cache's disk, so the
-    # resume costs upstream only the rest. A whole-file cache keeps nothing of a cut file and
-    # fetches it all again, though modeld asks (and gets, 206) only the rest of it.
+    # slicing carries: a file cut mid-fetch keeps its whole slices on the cache's disk. A
+    # whole-file cache keeps nothing of a cut file: the same probes are misses the Hub answers.
     with a_download_through_a_cache_that_dies(tmp_path, tls, edits=NO_SLICES) as run:
-        print(f"no slices: upstream sent {run.refetched} bytes after the restart, checkpoint {run.total}")
-        assert run.stored == 0, run.stored
-        assert run.refetched >= run.total, f"without slices the cache refetched only {run.refetched} bytes"
+        print(f"no slices: probes {run.probes}")
+        assert [served_from_disk(p) for p in run.probes] == [False, False], run.probes
+        assert [(p.status, p.cache_status) for p in run.probes] == [(206, "MISS")] * 2, run.probes
         assert run.done["state"] == "succeeded", run.done
