@@ -524,7 +524,7 @@ void start_on_blocked_pool(Fixture& fx, const std::string& what, const std::stri
 
 }  // namespace
 
-TEST_CASE("a deploy, a verify or an rm during a verify or an rm of a model is refused as deployment_running") {
+TEST_CASE("a deploy, a stop, a verify or an rm during a verify or an rm of a model is refused as deployment_running") {
   Fixture fx;
   fx.boot();
   PoolBlock block(fx.pool);
@@ -545,10 +545,19 @@ TEST_CASE("a deploy, a verify or an rm during a verify or an rm of a model is re
   REQUIRE_FALSE(rm);
   CHECK(rm.error().code == Errc::deployment_running);
   CHECK(rm.error().message == busy);
+  auto stop = fx.deployer->stop("old");
+  REQUIRE_FALSE(stop);
+  CHECK(stop.error().code == Errc::deployment_running);
+  CHECK_THAT(stop.error().message, Catch::StartsWith(busy));
+  CHECK(fx.deployer->history(10).empty());
   block.release();
   REQUIRE(fx.run_until([&] { return done; }));
   CHECK(ok);
   check_new_serves(fx, fx.wait_end(fx.deploy("new").id));
+  // Once it has ended, a stop goes ahead too.
+  auto after = fx.deployer->stop("new");
+  REQUIRE(after);
+  CHECK(fx.wait_end(after->id).state == State::succeeded);
 }
 
 TEST_CASE("after a restart a deploy is refused until the interrupted deployment continues") {
@@ -1717,27 +1726,6 @@ TEST_CASE("a deploy or a pull or a stop or a verify while a stop runs is refused
   // Once the stop has ended, a deploy goes ahead.
   auto d = fx.deploy("new");
   CHECK(fx.wait_end(d.id).state == State::succeeded);
-}
-
-TEST_CASE("a stop during a verify or an rm is refused as deployment_running naming it") {
-  Fixture fx;
-  fx.boot();
-  PoolBlock block(fx.pool);
-  const std::string what = GENERATE(std::string("verify"), std::string("rm"));
-  const std::string model = what == "verify" ? "old" : "spare";
-  bool done = false, ok = false;
-  start_on_blocked_pool(fx, what, model, done, ok);
-  auto stop = fx.deployer->stop("old");
-  REQUIRE_FALSE(stop);
-  CHECK(stop.error().code == Errc::deployment_running);
-  CHECK_THAT(stop.error().message, Catch::StartsWith(fmt::format("a {} of model {} is in progress", what, model)));
-  CHECK(fx.deployer->history(10).empty());
-  block.release();
-  REQUIRE(fx.run_until([&] { return done; }));
-  CHECK(ok);
-  auto after = fx.deployer->stop("old");
-  REQUIRE(after);
-  CHECK(fx.wait_end(after->id).state == State::succeeded);
 }
 
 TEST_CASE("after a restart a stop is refused until the interrupted deployment continues") {
