@@ -12,6 +12,7 @@
 #include "util/text.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -19,7 +20,9 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <initializer_list>
 #include <optional>
+#include <set>
 
 namespace modeld::control {
 namespace {
@@ -131,6 +134,27 @@ std::map<std::string, std::string, std::less<>> parse_query(std::string_view q) 
     out.emplace(std::move(key), std::move(value));
   }
   return out;
+}
+
+// The query of a route that changes something (or plans it): bad_request naming any parameter
+// outside `known`, or one given twice, so a misspelt ?comit=C is refused instead of ignored
+// (without it DELETE /v1/models/NAME would remove every revision).
+Result<void> known_query(std::string_view query, std::string_view path, std::initializer_list<std::string_view> known) {
+  std::set<std::string, std::less<>> seen;
+  const std::string list = known.size() == 0 ? std::string("none") : fmt::format("{}", fmt::join(known, ", "));
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    auto pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    const std::string key(pair.substr(0, pair.find('=')));
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      return make_error(Errc::bad_request,
+                        fmt::format("unknown query parameter \"{}\" on {} (known: {})", key, path, list));
+    if (!seen.insert(key).second)
+      return make_error(Errc::bad_request, fmt::format("query parameter \"{}\" given twice on {}", key, path));
+  }
+  return {};
 }
 
 Response method_not_allowed(const Request& req, std::string_view path, std::string_view allow) {
@@ -287,8 +311,17 @@ Response start_pull(const std::string& model, const std::string& body, deploy::E
   return json_response(202, deploy::to_json(*d));
 }
 
-// POST /v1/models/{name}/stop: a record of kind stop (its body, if any, is not read).
-Response start_stop(const std::string& model, deploy::Engine& engine) {
+// POST /v1/models/{name}/stop: a record of kind stop; its body is empty or {} (a field there
+// would be one a stop does not have: bad_request naming it).
+Response start_stop(const std::string& model, const std::string& body, deploy::Engine& engine) {
+  if (!body.empty()) {
+    const json j = json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      return error_for(make_error(Errc::bad_request, "a stop's request body must be empty or {}"));
+    if (!j.empty())
+      return error_for(make_error(Errc::bad_request,
+                                  fmt::format("unknown field \"{}\" (a stop takes none)", j.begin().key())));
+  }
   auto d = engine.stop(model);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
@@ -581,6 +614,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (get) return list_deployments(query, engine);
     if (!post) return method_not_allowed(req, path, "GET, POST");
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
+    if (auto ok = known_query(query, path, {}); !ok) return error_for(ok.error());
     return start_deployment(req, engine);
   }
   auto id = decode_segment(parts[2]);
@@ -594,6 +628,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
   if (parts.size() == 4 && parts[3] == "cancel") {
     if (!post) return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
+    if (auto ok = known_query(query, path, {}); !ok) return error_for(ok.error());
     auto d = engine.cancel(*id);
     if (!d) return error_for(d.error());
     return json_response(200, deploy::to_json(*d));
@@ -714,6 +749,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
   };
   if (action == "plan") {
     if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
+    if (auto ok = known_query(query, path, {"allow_downtime", "commit"}); !ok) co_return error_for(ok.error());
     auto allow_downtime = parse_bool_param(query, "allow_downtime");
     if (!allow_downtime) co_return error_for(allow_downtime.error());
     auto commit = commit_param(query);
@@ -733,6 +769,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
   if (action == "verify") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+    if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
     if (!util::valid_model_name(name)) co_return unknown();
     auto report = co_await engine.verify(name);
     if (!report) co_return error_for(report.error());
@@ -741,15 +778,18 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
   if (action == "pull") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+    if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
     co_return start_pull(name, req.body, engine);
   }
   if (action == "stop") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
-    co_return start_stop(name, engine);
+    if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
+    co_return start_stop(name, req.body, engine);
   }
   if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
   if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
+  if (auto ok = known_query(query, path, {"commit"}); !ok) co_return error_for(ok.error());
   if (!util::valid_model_name(name)) co_return unknown();
   // ?commit=C removes that one revision; without it, the whole model.
   const auto params = parse_query(query);

@@ -157,24 +157,60 @@ ModelWatcher& Deployer::watcher_for(const std::string& model) {
   return *w;
 }
 
-std::optional<StartedSettings> Deployer::settings_for_restart(const std::string& model) const {
+std::optional<std::string> Deployer::placement_taken(const Placement& p, const std::set<std::string>& except) const {
+  const auto& cfg = *services_.config;
+  for (const auto& other : state_.active.services) {
+    if (except.contains(other.model)) continue;
+    if (auto why = conflict_between(p, placement_of(other, cfg.find_model(other.model))))
+      return fmt::format("{}, which serves ({})", other.model, *why);
+  }
+  // The model a running deploy is about to start is in no state yet: its placement counts too.
+  if (running_ && running_->record.kind == Kind::deploy && !except.contains(running_->record.model))
+    if (const auto* target = running_->services.config->find_model(running_->record.model))
+      if (auto why = conflict_between(p, placement_of(*target)))
+        return fmt::format("{}, which deployment {} is about to start ({})", target->name, running_->record.id, *why);
+  return std::nullopt;
+}
+
+Result<std::optional<StartedSettings>> Deployer::settings_for_restart(const std::string& model) const {
   const auto* a = state_.active.find(model);
   const auto* m = services_.config->find_model(model);
-  if (!a || !a->started || !m) return std::nullopt;
-  const Placement today = placement_of(*m);
-  for (const auto& other : state_.active.services) {
-    if (other.model == model) continue;
-    const auto why = conflict_between(today, placement_of(other, services_.config->find_model(other.model)));
-    if (!why) continue;
-    sys::Fields f;
-    f.model = model;
+  if (!a || !m) return std::optional<StartedSettings>();
+  // A service the running deploy replaces serves until that deploy stops it: the model it is
+  // about to start does not count against it.
+  std::set<std::string> except{model};
+  if (running_ && models_of(running_->record.previous).contains(model)) except.insert(running_->record.model);
+  const auto today = placement_taken(placement_of(*m), except);
+  if (!today) return std::optional<StartedSettings>();
+  sys::Fields f;
+  f.model = model;
+  if (a->started && !placement_taken(placement_of(*a, m), except)) {
     sys::logf(sys::Level::warning, f,
-              "watchdog: today's configuration of {} conflicts with {}, which serves ({}): starting it with the "
-              "settings it ran with; deploy {} to apply the configuration",
-              model, other.model, *why, model);
+              "watchdog: today's configuration of {} conflicts with {}: starting it with the settings it ran with; "
+              "deploy {} to apply the configuration",
+              model, *today, model);
     return a->started;
   }
-  return std::nullopt;
+  return make_error(Errc::model_active,
+                    fmt::format("not restarting {}: its placement conflicts with {}; it stays down until that "
+                                "service leaves or {} is deployed again",
+                                model, *today, model));
+}
+
+std::optional<Error> Deployer::switch_conflict(const Running& r) const {
+  const auto& d = r.record;
+  if (d.kind != Kind::deploy) return std::nullopt;
+  const auto* m = r.services.config->find_model(d.model);
+  if (!m) return std::nullopt;
+  std::set<std::string> except = models_of(d.previous);
+  except.insert(d.model);
+  const auto taken = placement_taken(placement_of(*m), except);
+  if (!taken) return std::nullopt;
+  return make_error(Errc::model_active,
+                    fmt::format("not starting {} beside {}: that service came into its place after this deployment "
+                                "began (it stops only the services in conflict when it starts); deploy {} again to "
+                                "stop it first",
+                                d.model, *taken, d.model));
 }
 
 void Deployer::watch_service(const std::string& model, bool wait_ready_first) {
@@ -205,6 +241,7 @@ Result<void> Deployer::load() {
   if (!st) return st.error();
   state_ = std::move(*st);
   for (auto& d : states_.load_history(200)) history_.push_back(std::move(d));
+  recovering_ = true;
   for (const auto& d : history_)
     if (d.state == State::running) {
       interrupted_ = d.id + " of " + d.model;
@@ -227,8 +264,12 @@ asio::awaitable<void> Deployer::recover() {
   // the end nothing awaits, and begin() has set running_ by then.
   struct Recovered {
     std::optional<std::string>& interrupted;
-    ~Recovered() { interrupted.reset(); }
-  } recovered{interrupted_};
+    bool& recovering;
+    ~Recovered() {
+      interrupted.reset();
+      recovering = false;
+    }
+  } recovered{interrupted_, recovering_};
   // The services an unfinished deployment began to stop are its own to finish or bring back.
   std::set<std::string> owned;
   if (unfinished && unfinished->old_stopped) {
@@ -497,14 +538,22 @@ std::string Deployer::new_id(const std::string& model, std::chrono::system_clock
   return id;
 }
 
+std::optional<Error> Deployer::refuse_while_recovering() const {
+  if (interrupted_)
+    return make_error(Errc::deployment_running,
+                      fmt::format("deployment {}, interrupted by modeld's restart, is about to continue", *interrupted_));
+  if (recovering_)
+    return make_error(Errc::deployment_running,
+                      "modeld has just started and is still recovering the services in service; try again in a moment");
+  return std::nullopt;
+}
+
 std::optional<Error> Deployer::refuse_new_record() const {
   if (running_)
     return make_error(Errc::deployment_running,
                       fmt::format("{} {} of {} is running (phase {})", noun_of(running_->record.kind), running_->record.id,
                                   running_->record.model, to_string(running_->record.phase)));
-  if (interrupted_)
-    return make_error(Errc::deployment_running,
-                      fmt::format("deployment {}, interrupted by modeld's restart, is about to continue", *interrupted_));
+  if (auto r = refuse_while_recovering()) return r;
   if (shutting_down_) return make_error(Errc::cancelled, "modeld is shutting down");
   if (!busy_.empty())
     return make_error(Errc::deployment_running,
@@ -730,6 +779,7 @@ asio::awaitable<Result<void>> Deployer::run_switch_step(Running& r, Step s) {
   const auto name = to_string(s);
   switch (s) {
     case Step::stopping_old: {
+      if (auto taken = switch_conflict(r)) co_return *taken;
       auto body = run_stopping_old(sv, run, *r.decisions);
       auto stopped = co_await in_child(io_, slot, body, name);
       if (!stopped) co_return stopped.error();
@@ -737,6 +787,7 @@ asio::awaitable<Result<void>> Deployer::run_switch_step(Running& r, Step s) {
       co_return Result<void>{};
     }
     case Step::launching: {
+      if (auto taken = switch_conflict(r)) co_return *taken;
       auto body = run_launching(sv, run);
       auto launched = co_await in_child(io_, slot, body, name);
       if (!launched) co_return launched.error();
@@ -1444,6 +1495,7 @@ std::vector<RevisionInfo> Deployer::revisions_of(const std::string& model,
 }
 
 std::optional<Error> Deployer::disk_conflict(const std::string& model, std::string_view action) const {
+  if (auto r = refuse_while_recovering()) return r;
   if (auto b = busy_.find(model); b != busy_.end())
     return make_error(Errc::deployment_running, fmt::format("a {} of model {} is in progress", b->second, model));
   if (action == "rm" && state_.active.find(model))

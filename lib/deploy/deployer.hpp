@@ -183,6 +183,8 @@ class Deployer final : public Engine {
   void reconfigure_service(const std::string& model, const config::Config& old);
   // Why no new record may start now (one runs, one is about to continue, shutdown, verify or rm).
   std::optional<Error> refuse_new_record() const;
+  /// deployment_running while recover() has not ended (naming the interrupted record if any).
+  std::optional<Error> refuse_while_recovering() const;
   // A new record of `kind` for `model`, not started.
   Deployment new_record(const std::string& model, Kind kind) const;
   // Takes `model` out of service in the daemon's state (a stop decided), persisted (awaited).
@@ -202,9 +204,16 @@ class Deployer final : public Engine {
   // Calls every listener with `e`.
   void publish(const Event& e);
   void announce_status();
-  // What a watcher restarts `model` with: the settings it ran with when today's configuration would
-  // make it conflict with another service in service (logged), else nullopt (today's).
-  std::optional<StartedSettings> settings_for_restart(const std::string& model) const;
+  // What a watcher restarts `model` with: nullopt (today's settings), or the settings it ran with
+  // when today's would make it conflict with a service in service or the one a running deploy is
+  // about to start (logged); model_active naming both when those conflict too (no restart).
+  Result<std::optional<StartedSettings>> settings_for_restart(const std::string& model) const;
+  // Of the services in service (all but `except`) and the one a running deploy is about to start
+  // (unless its model is in `except`), the first that `p` conflicts with: "MODEL (why)".
+  std::optional<std::string> placement_taken(const Placement& p, const std::set<std::string>& except) const;
+  // Before deployment `r` stops or starts anything: model_active when a service it does not stop
+  // now conflicts with its model (e.g. restarted on today's GPUs after the deployment began).
+  std::optional<Error> switch_conflict(const Running& r) const;
   // The model watcher of `model`, made on first use (its counters are kept across watches).
   ModelWatcher& watcher_for(const std::string& model);
   // Starts watching service `model` unless it is not in service, already watched, or owned by the
@@ -266,6 +275,10 @@ class Deployer final : public Engine {
   // "ID of MODEL" of the deployment a restart interrupted, from load() until recover() takes it
   // up: start() refuses meanwhile, so a new deployment cannot race its continuation.
   std::optional<std::string> interrupted_;
+  /// From load() until recover() has ended: every request that changes something (deploy, pull,
+  /// stop, verify, rm) is refused meanwhile, so none runs before recovery has decided what an
+  /// interrupted record resumes and which services it brings back.
+  bool recovering_ = false;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   /// The store walks of models(): one at a time, shared by concurrent callers, the last one kept.

@@ -173,6 +173,7 @@ struct Watched {
   unsigned streak = 0;                            // restarts in the current run of restarts
   std::optional<Clock::time_point> last_restart;  // when the last restart became ready
   std::optional<std::string> pending;             // why a restart is due now
+  std::string refused;                            // why the last restart was refused (logged once)
 };
 
 /// What a restart that came due amounts to once backoff and a second look are over.
@@ -303,6 +304,16 @@ asio::awaitable<ModelWatcher::Due> ModelWatcher::confirm_restart(Watched& w) {
 
 asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
   auto& rec = w.rec;
+  // Decided before anything is stopped or counted: a restart that would share another service's
+  // GPUs or port does not happen (the service is left as it is, and the check comes again).
+  auto asked = restart_settings_ ? restart_settings_(w.model) : Result<std::optional<StartedSettings>>();
+  if (!asked) {
+    if (asked.error().message != w.refused)
+      sys::logf(sys::Level::error, w.f, "watchdog: {} ({})", asked.error().message, *w.pending);
+    w.refused = asked.error().message;
+    co_return true;
+  }
+  w.refused.clear();
   const std::string reason = *w.pending;
   w.pending.reset();
   ++w.streak;
@@ -327,8 +338,7 @@ asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
   // Started from today's drop-in (or the one the owner asks for), whose settings are recorded as
   // what the server runs with.
   std::optional<StartedSettings> settings;
-  const std::optional<StartedSettings> asked = restart_settings_ ? restart_settings_(w.model) : std::nullopt;
-  if (auto d = co_await install_dropin(services_, w.m, asked); d)
+  if (auto d = co_await install_dropin(services_, w.m, *asked); d)
     settings = std::move(*d);
   else
     sys::logf(sys::Level::error, w.f, "watchdog: cannot rewrite the drop-in of {}: {}", w.unit, d.error().message);

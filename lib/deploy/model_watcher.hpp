@@ -85,8 +85,9 @@ class ModelWatcher {
 
   /// Called on the io thread before a restart writes the drop-in: settings to start the model
   /// with instead of today's configuration (nullopt: today's), e.g. those it ran with when today's
-  /// would put it onto another service's GPUs or port.
-  void restart_settings(std::function<std::optional<StartedSettings>(const std::string&)> f) {
+  /// would put it onto another service's GPUs or port; an error: no restart this time (logged and
+  /// shown as the watcher's pending failure, tried again at the next check).
+  void restart_settings(std::function<Result<std::optional<StartedSettings>>(const std::string&)> f) {
     restart_settings_ = std::move(f);
   }
 
@@ -128,7 +129,7 @@ class ModelWatcher {
   std::function<void(const std::string&, const std::optional<StartedSettings>&)> on_started_;
   /// Completion handlers of stop() calls waiting for the coroutine to end.
   std::vector<std::function<void()>> on_stopped_;
-  std::function<std::optional<StartedSettings>(const std::string&)> restart_settings_;
+  std::function<Result<std::optional<StartedSettings>>(const std::string&)> restart_settings_;
 };
 
 }  // namespace modeld::deploy

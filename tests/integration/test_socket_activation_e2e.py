@@ -6,7 +6,9 @@ namespace's private /run, out of the host's reach); modeld.service gets modeld_e
 drop-in. Only the socket unit is started: the first request starts the daemon, which takes the
 socket from systemd (sd_listen_fds) and says so in the journal, also when its configuration names
 another path. While the socket unit holds the socket, requests made while the daemon is stopped
-or restarting wait for it instead of failing. Without the socket unit the daemon listens itself.
+or restarting wait for it instead of failing; a removal queued while modeld is down is refused
+until the deployment modeld's restart interrupted has continued (it never runs before recovery).
+Without the socket unit the daemon listens itself.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import subprocess
 
 import pytest
 
-from modeld_env import SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for
+from contract_helpers import ended, in_phase, start_deploy
+from modeld_env import SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
@@ -29,12 +32,18 @@ ACTIVATED = "passed by systemd (socket activation)"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    e = ModeldEnv(workdir=tmp_path_factory.mktemp("sockact"))
+    work = tmp_path_factory.mktemp("sockact")
+    control = work / "hub-control.json"
+    write_control(control)
+    e = ModeldEnv(workdir=work, hub_args=["--control", str(control)])
+    e.hub_control = control
     e.add_repo("acme/model-a", shards=2, shard_size=200_000, seed=1)
-    e.ports = {"model-a": free_port()}
+    e.add_repo("acme/model-b", shards=2, shard_size=200_000, seed=2)
+    e.ports = {"model-a": free_port(), "model-b": free_port()}
     try:
         # Not modeld.service: the socket unit starts it.
-        e.boot(model_table("model-a", "acme/model-a", e.ports["model-a"]))
+        e.boot(model_table("model-a", "acme/model-a", e.ports["model-a"])
+               + model_table("model-b", "acme/model-b", e.ports["model-b"]))
         sd = e.systemd
         sd.run(["cp", str(SOURCE_DIR / "systemd" / "modeld.socket"), "/run/systemd/system/modeld.socket"],
                check=True)
@@ -141,6 +150,39 @@ def test_requests_while_modeld_restarts_wait_for_it_and_all_get_answers(env):
     assert env.main_pid() not in (0, old_pid) and env.unit_state("modeld.service") == "active"
     # Two daemon starts so far, each announcing the socket it took.
     assert len(activation_lines(env)) >= 3
+
+
+def test_an_rm_queued_while_modeld_is_down_waits_for_the_interrupted_deployment_and_deletes_nothing(env):
+    write_control(env.hub_control, hold="acme/model-b/*.safetensors")
+    try:
+        dep_id = start_deploy(env, "model-b")
+        commit = in_phase(env, dep_id, "downloading")["commit"]
+        revision = env.models_dir / ".store" / "model-b" / commit
+        assert revision.is_dir(), revision
+        with start_gate(env) as gate:
+            env.kill_modeld()
+            wait_for("modeld's restart to wait at the gate with no daemon running", lambda: env.systemd.run(
+                ["systemctl", "show", "-p", "SubState", "--value", "modeld.service"]).stdout.strip() == "start-pre",
+                timeout=60)
+            rm = subprocess.Popen([str(env.modelctl_bin), "--socket", str(env.socket), "rm", "model-b", "--commit",
+                                   commit], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                # Queued on systemd's socket before the daemon starts: the first request it accepts.
+                wait_for("the rm to wait on the socket", lambda: queued(env.socket) >= 1, timeout=30)
+                gate.touch()
+                out, err = rm.communicate(timeout=60)
+            finally:
+                if rm.poll() is None:
+                    rm.kill()
+        # Refused (409) whether it came before the interrupted deployment continued or after.
+        assert rm.returncode != 0, out + err
+        assert "deployment_running" in err or "is running" in err or "interrupted by modeld's restart" in err, err
+        assert revision.is_dir(), "the rm deleted the interrupted deployment's revision"
+    finally:
+        write_control(env.hub_control)
+    dep = ended(env, dep_id)
+    assert dep["state"] == "succeeded", dep
+    assert "model-b" in [x["model"] for x in env.status()["services"]]
 
 
 def test_a_configuration_naming_another_socket_is_told_it_is_not_used(env):

@@ -295,6 +295,47 @@ TEST_CASE("rm with ?commit= removes that revision, refuses the one in service an
   require_error(call(e, "DELETE", "/v1/models/llama?commit=" + c), 409, "model_active");
 }
 
+TEST_CASE("a misspelt or repeated query parameter on a route that changes something is 400 naming it, and nothing is done") {
+  FakeEngine e;
+  const std::string c(40, 'c');
+  e.remove_result = deploy::Removal{"llama", 10, {c}};
+  auto misspelt = call(e, "DELETE", "/v1/models/llama?comit=" + c);
+  require_error(misspelt, 400, "bad_request");
+  CHECK_THAT(body_of(misspelt)["error"]["message"].get<std::string>(),
+             Catch::Contains("\"comit\"") && Catch::Contains("known: commit"));
+  require_error(call(e, "DELETE", "/v1/models/llama?Commit=" + c), 400, "bad_request");
+  require_error(call(e, "DELETE", "/v1/models/llama?commit=" + c + "&commit=" + std::string(40, 'd')), 400,
+                "bad_request");
+  CHECK(e.asked.empty());  // neither the model nor a revision was removed
+  require_error(call(e, "GET", "/v1/models/llama/plan?comit=" + c), 400, "bad_request");
+  require_error(call(e, "POST", "/v1/models/llama/verify?fix=true"), 400, "bad_request");
+  require_error(call(e, "POST", "/v1/models/llama/pull?commit=" + c), 400, "bad_request");
+  require_error(call(e, "POST", "/v1/models/llama/stop?force=true"), 400, "bad_request");
+  CHECK(e.asked.empty());
+  CHECK(e.stops.empty());
+  e.known = {"llama"};
+  require_error(call(e, "POST", "/v1/deployments?allow_downtime=true", member, R"({"model":"llama"})"), 400,
+                "bad_request");
+  CHECK(e.starts == 0);
+  e.deployments.push_back(control::test::make_deployment("d1", "llama", deploy::State::running));
+  require_error(call(e, "POST", "/v1/deployments/d1/cancel?now=1"), 400, "bad_request");
+  CHECK(e.cancels == 0);
+  // The parameters a route knows still pass, and an empty query part is no parameter.
+  CHECK(call(e, "DELETE", "/v1/models/llama?commit=" + c + "&").status == 200);
+}
+
+TEST_CASE("a stop's body is empty or {}: a field there is 400 naming it and no stop starts") {
+  FakeEngine e;
+  e.known = {"llama"};
+  auto r = call(e, "POST", "/v1/models/llama/stop", member, R"({"force": true})");
+  require_error(r, 400, "bad_request");
+  CHECK_THAT(body_of(r)["error"]["message"].get<std::string>(), Catch::Contains("\"force\""));
+  require_error(call(e, "POST", "/v1/models/llama/stop", member, "[1]"), 400, "bad_request");
+  CHECK(e.stops.empty());
+  CHECK(call(e, "POST", "/v1/models/llama/stop", member, "{}").status == 202);
+  CHECK(e.stops == std::vector<std::string>{"llama"});
+}
+
 TEST_CASE("handle_async answers the other routes as handle does") {
   FakeEngine e;
   auto r = call(e, "GET", "/v1/status");

@@ -1668,6 +1668,70 @@ TEST_CASE("a watcher restarts a service as it ran when today's configuration wou
   CHECK(fx.units.dropins[kSpareUnit].find("CUDA_VISIBLE_DEVICES=") != std::string::npos);
 }
 
+namespace {
+
+// What the state records "spare" to have started with.
+std::optional<deploy::StartedSettings> spare_started(Fixture& fx) {
+  auto st = fx.states.load();
+  REQUIRE(st);
+  const auto* a = st->active.find("spare");
+  REQUIRE(a);
+  return a->started;
+}
+
+}  // namespace
+
+TEST_CASE("a watcher restart keeps a service out of the place of the model a running deploy is about to start") {
+  Fixture fx;
+  serve_old_and_spare(fx);  // spare started on no GPU and a port of its own; new conflicts with old only
+  fx.cfg->models["spare"].health.watch_interval = 10ms;
+  const auto ran_with = fx.started_now("spare");
+  // Since spare started, the configuration gave it new's port: today spare would conflict with
+  // new, not with old (and at boot it keeps running as it was started).
+  fx.cfg->models["spare"].serve.port = fx.cfg->models["new"].serve.port;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(d.previous.size() == 1);
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  fx.units.states[kSpareUnit] = "failed";
+  REQUIRE(fx.run_until([&] { return fx.units.state_of(kSpareUnit) == "active" && fx.position("start " + kSpareUnit) >= 0; }));
+  // Restarted with what it ran with (its own port), not today's port, which new is about to take.
+  REQUIRE(fx.run_until([&] { return spare_started(fx) == ran_with; }));
+  CHECK(spare_started(fx)->port == ran_with.port);
+  CHECK(ran_with.port != fx.cfg->models["new"].serve.port);
+  fx.file_gate.release();
+  CHECK(fx.wait_end(d.id).state == State::succeeded);
+  CHECK(serving_models(fx) == std::vector<std::string>{"spare", "new"});
+}
+
+TEST_CASE("a deploy whose place a service it does not stop has come into fails before stopping anything, naming it") {
+  Fixture fx;
+  serve_old_and_spare(fx);
+  // Recorded before started settings were kept: spare's placement is what the configuration says.
+  auto st = fx.states.load();
+  REQUIRE(st);
+  for (auto& a : st->active.services) a.started.reset();
+  REQUIRE(fx.states.save(*st).has_value());
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(d.previous.size() == 1);  // old only: spare is on no GPU and a port of its own
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  fx.cfg->models["spare"].serve.port = fx.cfg->models["new"].serve.port;  // a reload moves spare onto new's port
+  fx.file_gate.release();
+  auto end = fx.wait_end(d.id);
+  CHECK(end.state == State::failed);
+  REQUIRE(end.error);
+  CHECK(end.error->code == Errc::model_active);
+  CHECK_THAT(end.error->message, Catch::Contains("not starting new beside spare") &&
+                                     Catch::Contains(fmt::format("both use port {}", fx.cfg->models["new"].serve.port)));
+  CHECK(fx.position("stop " + kOldUnit) == -1);
+  CHECK(fx.units.state_of(kOldUnit) == "active");
+  CHECK(fx.position("start " + kNewUnit) == -1);
+  CHECK(serving_models(fx) == std::vector<std::string>{"old", "spare"});
+}
+
 // ---- the stop's 409 rules (deployer.cpp: stop() and refuse_new_record()) ----
 
 TEST_CASE("a stop while a deployment runs is refused as deployment_running even for a model not in service") {
@@ -1742,6 +1806,39 @@ TEST_CASE("after a restart a stop is refused until the interrupted deployment co
   asio::co_spawn(fx.ioc, fx.deployer->recover(), [&](std::exception_ptr) { recovered = true; });
   REQUIRE(fx.run_until([&] { return recovered; }));
   check_new_serves(fx, fx.wait_end(kRecordId));
+}
+
+TEST_CASE("after a restart an rm, an rm --commit and a verify are refused until recovery has decided what resumes") {
+  Fixture fx;
+  const bool interrupted = GENERATE(true, false);
+  if (interrupted) fx.leave_crashed_in(Phase::downloading);
+  fx.load();
+  const std::string why =
+      interrupted ? fmt::format("deployment {} of new, interrupted by modeld's restart, is about to continue", kRecordId)
+                  : std::string("modeld has just started and is still recovering the services in service; try again in "
+                                "a moment");
+  auto rm = fx.run(fx.deployer->remove("spare"));
+  REQUIRE_FALSE(rm);
+  CHECK(rm.error().code == Errc::deployment_running);
+  CHECK(rm.error().message == why);
+  auto one = fx.run(fx.deployer->remove_revision("spare", kSpare));
+  REQUIRE_FALSE(one);
+  CHECK(one.error().message == why);
+  auto v = fx.run(fx.deployer->verify("spare"));
+  REQUIRE_FALSE(v);
+  CHECK(v.error().message == why);
+  auto pull = fx.deployer->start({"spare", false, false, deploy::Kind::pull});
+  REQUIRE_FALSE(pull);
+  CHECK(pull.error().message == why);
+  CHECK(fs::exists(fx.store.revision_dir("spare", kSpare)));
+  bool recovered = false;
+  asio::co_spawn(fx.ioc, fx.deployer->recover(), [&](std::exception_ptr) { recovered = true; });
+  REQUIRE(fx.run_until([&] { return recovered; }));
+  if (interrupted) fx.wait_end(kRecordId);
+  // Recovery has ended: the same rm goes ahead.
+  auto after = fx.run(fx.deployer->remove("spare"));
+  REQUIRE(after);
+  CHECK_FALSE(fs::exists(fx.store.revision_dir("spare", kSpare)));
 }
 
 TEST_CASE("a stop and a deploy while modeld shuts down are refused as cancelled") {

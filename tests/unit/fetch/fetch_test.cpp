@@ -26,7 +26,12 @@
 #include <set>
 #include <random>
 #include <string>
+#include <future>
+#include <thread>
 #include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 using namespace modeld;
 using modeld::test::Exchange;
@@ -980,18 +985,67 @@ TEST_CASE("a download stops with disk_full before free space drops below disk_re
   CHECK(!fs::exists(env.final_path("big.bin")));
 }
 
-TEST_CASE("the disk guard counts writes granted and not yet released against the reserve") {
+namespace {
+
+// Waits (deadline 10 s) until `guard` has an acquire() waiting for the writes in flight.
+void wait_until_waiting(fetch::DiskGuard& guard) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (guard.waiting() == 0) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Allocates `bytes` of `path` on its file system (what a landed write leaves statvfs showing).
+void allocate(const std::filesystem::path& path, std::uint64_t bytes) {
+  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  ::close(fd);
+  REQUIRE(rc == 0);
+}
+
+}  // namespace
+
+TEST_CASE("the disk guard refuses a write that would cross the reserve, naming the file and the folder") {
   TempDir dir;
   auto free = store::free_bytes(dir.path);
   REQUIRE(free);
-  REQUIRE(*free > (2ull << 30));
-  fetch::DiskGuard guard(dir.path, *free - (1ull << 30));
-  REQUIRE(guard.acquire("a.bin", 600u << 20).has_value());
-  auto second = guard.acquire("b.bin", 600u << 20);
-  REQUIRE(!second);
-  CHECK(second.error().code == Errc::disk_full);
-  CHECK_THAT(second.error().message, Catch::Contains("b.bin") && Catch::Contains(dir.path.string()));
-  guard.release(600u << 20);
-  CHECK(guard.acquire("b.bin", 600u << 20).has_value());
+  REQUIRE(*free > (1ull << 30));
+  // More than is free past the reserve, whatever else is in flight: refused at once.
+  fetch::DiskGuard guard(dir.path, *free - (100u << 20));
+  auto r = guard.acquire("a.bin", 300u << 20);
+  REQUIRE(!r);
+  CHECK(r.error().code == Errc::disk_full);
+  CHECK_THAT(r.error().message, Catch::Contains("a.bin") && Catch::Contains(dir.path.string()) &&
+                                    Catch::Contains("daemon.disk_reserve"));
+  CHECK(r.error().files == std::vector<std::string>{"a.bin"});
+  CHECK(guard.waiting() == 0);
   CHECK(fetch::DiskGuard(dir.path, 0).acquire("c.bin", 1u << 20).has_value());
+}
+
+TEST_CASE("near the reserve the disk guard waits for the writes in flight and counts what they left once") {
+  TempDir dir;
+  auto free = store::free_bytes(dir.path);
+  REQUIRE(free);
+  REQUIRE(*free > (1ull << 30));
+  // 300 MiB past the reserve: two grants of 200 MiB fit only if the first was never written.
+  fetch::DiskGuard guard(dir.path, *free - (300u << 20));
+  REQUIRE(guard.acquire("a.bin", 200u << 20).has_value());
+  auto second = std::async(std::launch::async, [&] { return guard.acquire("b.bin", 200u << 20); });
+  wait_until_waiting(guard);
+
+  SECTION("a write that never landed leaves room: the waiting grant goes ahead") {
+    guard.release(200u << 20);
+    CHECK(second.get().has_value());
+  }
+  SECTION("a write that landed is counted once, by statvfs: the waiting grant is refused") {
+    allocate(dir.path / "a.bin", 200u << 20);
+    guard.release(200u << 20);
+    auto r = second.get();
+    REQUIRE(!r);
+    CHECK(r.error().code == Errc::disk_full);
+    CHECK_THAT(r.error().message, Catch::Contains("b.bin"));
+  }
+  CHECK(guard.waiting() == 0);
 }
