@@ -8,6 +8,8 @@
   * ext4_models(work, size): WORK/models as an ext4 file system in a loop image, for tests whose
     measure means nothing on a tmpfs (there every page is resident and none can be dropped);
   * fs_type(path): the type of the file system holding `path` (findmnt);
+  * no_readahead(path): the kernel's readahead off on the device of `path`'s file system for a
+    while, so that what is resident is what was read, page for page;
   * process_io(systemd, pid): /proc/PID/io of a process of a namespaced systemd (read_bytes: what
     it made the block layer read; rchar: what its read calls returned, the page cache included).
 """
@@ -85,6 +87,22 @@ def fs_type(path: Path) -> str:
     out = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)], capture_output=True,
                          text=True, check=True).stdout
     return out.strip()
+
+
+@contextlib.contextmanager
+def no_readahead(path: Path):
+    """Turns readahead off (blockdev --setra 0) on the block device holding `path`'s file system
+    until the block ends, then restores it; a file opened meanwhile reads from disk only the pages
+    asked for. Needs root and a block device (a loop image's): fails otherwise."""
+    device = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "--target", str(path)], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    before = subprocess.run(["blockdev", "--getra", device], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    subprocess.run(["blockdev", "--setra", "0", device], check=True)
+    try:
+        yield device
+    finally:
+        subprocess.run(["blockdev", "--setra", before, device], check=True)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ import pytest
 
 from modeld_env import BUILD_DIR, SOURCE_DIR, ModeldEnv, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
-from page_cache import drop, ext4_models
+from page_cache import drop, ext4_models, no_readahead, resident_total, wait_resident
 
 PHASES = ["planning", "freeing_disk", "downloading", "verifying", "warming", "stopping_old", "launching",
           "health_checking", "benchmarking"]
@@ -226,37 +226,154 @@ def status_text(env) -> str:
                            check=True).stdout.strip()
 
 
-def warming_status(env, dep_id: str, model: str):
-    """The STATUS= text as a match of the warming line (None: not yet); fails once the
-    deployment has left warming without such a line."""
-    d = env.status()["deployment"]
-    assert d["id"] == dep_id and d["state"] == "running", d
-    assert PHASES.index(d["phase"]) <= PHASES.index("warming"), f"warming ended; STATUS= {status_text(env)!r}"
-    return re.fullmatch(rf"warming the page cache for {model}: (\d+)% of (.+) in memory", status_text(env))
+def revision_files(env, model: str, commit: str) -> list[Path]:
+    """The revision's files, what warming reads (modeld's own .modeld/ folder in it aside)."""
+    root = env.models_dir / ".store" / model / commit
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).parts[0] != ".modeld")
+
+
+# STATUS= is rewritten on warming's progress (every 250 ms) at most once a second: what it says may
+# be that much older than the page cache; the rest of STATUS_LAG is for a loaded host.
+STATUS_LAG = 3.0
+# Bytes warming's readers may hold read but not yet counted: a block each (4 readers, blocks of a
+# quarter of WARM_RATE, 24 KiB), rounded up.
+IN_FLIGHT = 128 * 1024
+
+
+class StatusAgainstPageCache:
+    """The STATUS= percentages read while warming, each checked at once against the test's own
+    mincore of the checkpoint (readahead off: what is resident is what was read):
+      * at most what is resident now: warming counts a byte once its read returned it, into the
+        page cache. Within 1 s, for a reading that missed pages being migrated to see them again
+        (page_cache.wait_resident); warming reads under a tenth of the checkpoint meanwhile;
+      * at least what was resident STATUS_LAG s before, less IN_FLIGHT: STATUS= follows
+        warming's count within about a second.
+    A constant, or a made-up percentage ahead of the page cache or far behind it, fails."""
+
+    def __init__(self, files: list[Path], total: int):
+        self.files, self.total = files, total
+        self.history: list[tuple[float, int]] = []  # (time.monotonic(), bytes resident)
+        self.percents: list[int] = []
+
+    def measure(self) -> None:
+        self.history.append((time.monotonic(), resident_total(self.files)))
+
+    def check(self, percent: int, text: str) -> None:
+        try:
+            wait_resident(self.files, percent * self.total // 100, timeout=1)
+        except TimeoutError as e:
+            raise AssertionError(f"{text!r}: ahead of the page cache ({self.total} bytes): {e}") from e
+        now = time.monotonic()
+        older = [n for t, n in self.history if t <= now - STATUS_LAG]
+        if older:
+            assert (percent + 1) * self.total // 100 >= older[-1] - IN_FLIGHT, \
+                (text, f"{older[-1]} of {self.total} bytes resident {STATUS_LAG} s before")
+        self.percents.append(percent)
+
+
+def status_percents_while_warming(env, dep_id: str, model: str, files: list[Path], total: int) -> list[int]:
+    """Polls STATUS= until the deployment has left warming: the percentage of each warming line
+    seen, each checked against the page cache as soon as it is read (StatusAgainstPageCache)."""
+    watch = StatusAgainstPageCache(files, total)
+
+    def warming_over() -> bool:
+        d = env.status()["deployment"]
+        assert d["id"] == dep_id, d
+        if d["state"] != "running" or PHASES.index(d["phase"]) > PHASES.index("warming"):
+            return True
+        watch.measure()
+        text = status_text(env)
+        m = re.fullmatch(rf"warming the page cache for {model}: (\d+)% of (.+) in memory", text)
+        if m:
+            assert m.group(2) == format_bytes(total), (text, total)
+            watch.check(int(m.group(1)), text)
+        return False
+
+    wait_for("warming to end", warming_over, timeout=120)
+    return watch.percents
+
+
+def follow_in_background(stream: SseClient, dep_id: str, events: list, errors: list) -> threading.Thread:
+    """A thread appending the (kind, data) events of deployment `dep_id` to `events` until its
+    terminal state event; an exception is appended to `errors`."""
+    def follow():
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                kind, data = stream.next_event(deadline)
+                if data.get("id") == dep_id:
+                    events.append((kind, data))
+                    if kind == "state" and data["state"] != "running":
+                        return
+        except Exception as e:  # noqa: BLE001: reported by the test's thread
+            errors.append(e)
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread
+
+
+# Warming's read rate in this test: about 12 s for the checkpoint (3 shards of 400 kB).
+WARM_RATE = 100_000
+
+
+def pulled_and_dropped(env, model: str) -> tuple[list[Path], int]:
+    """Pulls `model` and drops its revision's pages from the page cache (checked by mincore), so
+    that warming has the whole checkpoint to read; returns its files and their bytes."""
+    r = env.modelctl("--json", "pull", model, "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = revision_files(env, model, json.loads(r.stdout)["commit"])
+    for f in files:
+        drop(f)
+    assert resident_total(files) <= 64 * 1024, resident_total(files)
+    return files, sum(f.stat().st_size for f in files)
+
+
+def deploy_following_warming(env, model: str, files: list[Path], total: int) -> tuple[list[int], list[dict]]:
+    """Deploys `model` with an event stream open; returns the STATUS= percentages seen while it
+    warmed (status_percents_while_warming) and the "warm" objects of its warming progress events."""
+    stream = SseClient(env.socket)
+    events: list[tuple[str, dict]] = []
+    errors: list[BaseException] = []
+    try:
+        dep_id = start_deployment(env, model)
+        follower = follow_in_background(stream, dep_id, events, errors)
+        percents = status_percents_while_warming(env, dep_id, model, files, total)
+        wait_for("the deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
+        follower.join(timeout=30)
+        assert not follower.is_alive() and not errors, errors
+    finally:
+        stream.close()
+    dep = env.status()["deployment"]
+    assert dep["id"] == dep_id and dep["state"] == "succeeded", dep
+    assert dep["warm"]["bytes_total"] == total, (dep["warm"], total)
+    return percents, [d["warm"] for k, d in events if k == "progress" and "warm" in d and d["phase"] == "warming"]
 
 
 @needs_systemd
-def test_status_text_names_warming_and_its_bytes_while_warming(env):
-    """docs/interface.md, Warming: `STATUS=` "warming the page cache for NAME: 40% of 8.6 GB in memory"."""
-    r = env.modelctl("--json", "pull", "cached", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr
-    revision = env.models_dir / ".store" / "cached" / json.loads(r.stdout)["commit"]
-    for f in revision.rglob("*"):
-        if f.is_file():
-            drop(f)
-    # Slow warming (about 12 s for the checkpoint) within a budget that holds it all.
-    env.reconfigure(environment={"MODELD_TEST_WARM_RATE": "100000", "MODELD_TEST_WARM_BUDGET": str(64 * MiB)})
+def test_warming_progress_moves_on_the_event_stream_and_in_status_text_within_the_page_cache(env):
+    """docs/interface.md, Warming: SSE `event: progress` in the phase warming carries "warm";
+    `STATUS=` "warming the page cache for NAME: 40% of 8.6 GB in memory"."""
+    files, total = pulled_and_dropped(env, "cached")
+    # Slow warming within a budget that holds it all.
+    env.reconfigure(environment={"MODELD_TEST_WARM_RATE": str(WARM_RATE),
+                                 "MODELD_TEST_WARM_BUDGET": str(64 * MiB)})
     try:
-        dep_id = start_deployment(env, "cached")
-        seen = wait_for("STATUS= naming warming and its bytes", lambda: warming_status(env, dep_id, "cached"),
-                        timeout=120)
-        dep = env.status()["deployment"]
-        assert seen.group(2) == format_bytes(dep["warm"]["bytes_total"]), (seen.group(0), dep["warm"])
-        assert int(seen.group(1)) < 100, seen.group(0)
-        wait_for("the deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
-        assert env.status()["deployment"]["state"] == "succeeded"
+        # Readahead off: the pages resident are those warming (or verifying) read, so mincore
+        # keeps close to what STATUS= should say, and warming reads every page of the checkpoint.
+        with no_readahead(env.models_dir):
+            percents, warm = deploy_following_warming(env, "cached", files, total)
     finally:
         env.reconfigure(environment={})
+    # STATUS= moved while warming, each percentage within the page cache (checked as it was read):
+    # percentages that never fall, at least three of them, from below 100.
+    assert percents and percents[0] < 100, percents
+    assert percents == sorted(percents) and len(set(percents)) >= 3, percents
+    # The event stream's warming progress moved too: bytes that never fall and grew at least twice.
+    assert len(warm) >= 3, warm
+    warmed = [w["bytes_warmed"] for w in warm]
+    assert sum(1 for a, b in zip(warmed, warmed[1:]) if b > a) >= 2, warmed
+    assert warmed == sorted(warmed), warmed
+    assert all(w["bytes_total"] == total for w in warm), warm
 
 
 # -- deploy --wait --------------------------------------------------------------------------------

@@ -158,11 +158,19 @@ def test_warming_cancelled_leaves_the_old_model(env):
     assert completion(env.ports["a"], "a")
 
 
+def running_main_pid(env: ModeldEnv) -> int:
+    """modeld's main PID, checked to be one: systemd says 0 when the unit has no main process,
+    and /proc/0/io is nobody's reads (nor is an old PID's)."""
+    pid = env.main_pid()
+    assert pid > 0, f"modeld.service has no main PID ({pid})"
+    return pid
+
+
 def killed_while_warming(env: ModeldEnv, dep_id: str, files: list[Path]) -> tuple[int, int]:
     """Waits until warming has read 2 MiB, checks the record is in warming, measures what is
     resident and SIGKILLs modeld; returns (the killed main PID, bytes resident at the kill)."""
     wait_for("warming to have read 2 MiB of b", lambda: warming_read(env, dep_id, 2 * MiB), timeout=120)
-    pid = env.main_pid()
+    pid = running_main_pid(env)
     before_kill = resident_total(files)
     assert env.status()["deployment"]["phase"] == "warming"  # still warming after the measure
     env.kill_modeld("KILL")
@@ -180,7 +188,7 @@ def reads_of_a_start(env: ModeldEnv, environment: dict[str, str]) -> int:
     """Restarts modeld with `environment` and nothing to continue; returns what its start read
     (rchar: certificates, /proc, state), read once it answers."""
     env.reconfigure(environment=environment)
-    return process_io(env.systemd, env.main_pid())["rchar"]
+    return process_io(env.systemd, running_main_pid(env))["rchar"]
 
 
 def continued_in_warming(env: ModeldEnv, dep_id: str, pid: int) -> None:

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -106,6 +107,25 @@ fs::path half_resident(Folder& f, const std::string& name, std::uint64_t mib, st
   return p;
 }
 
+// Bytes this process's read calls have returned so far (`rchar` of /proc/self/io), the page cache
+// included: the kernel's count, summed over every thread of the process (warming's readers too,
+// the exited ones included), independent of what warming reports of itself.
+std::uint64_t read_chars() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  std::uint64_t value = 0;
+  while (in >> key >> value)
+    if (key == "rchar:") return value;
+  FAIL("/proc/self/io has no rchar line");
+  return 0;
+}
+
+// What the reads around a warming may add to rchar besides warming's own: the read of
+// /proc/self/io that took the first count (some hundred bytes; the second's are counted after
+// it returns). Far less than a page of the files warmed, so a warming that read resident pages
+// again (a whole MiB at least, here) would exceed it.
+constexpr std::uint64_t kReadSlack = 64u << 10;
+
 warm::Options options(std::uint64_t budget) {
   warm::Options o;
   o.budget = budget;
@@ -140,9 +160,12 @@ TEST_CASE("warming a resident file reads nothing") {
   const auto p = f.cold_file("b", 4 * MiB);
   warm::Stop stop;
   read_all(p);
+  const auto before = read_chars();
   auto again = warm::warm_files({p}, options(64 * MiB), {}, stop);
+  const auto read = read_chars() - before;
   CHECK(again.totals.bytes_resident_before == 4 * MiB);
   CHECK(again.totals.bytes_warmed == 0);
+  CHECK(read <= kReadSlack);  // the kernel's count: no read call of warming returned a byte
   CHECK(again.warmed == std::vector<fs::path>{p});
 }
 
@@ -151,10 +174,18 @@ TEST_CASE("warming reads only the pages that are not resident") {
   Folder f;
   const auto p = half_resident(f, "half", 8);
   warm::Stop stop;
+  const auto before = read_chars();
   auto report = warm::warm_files({p}, options(64 * MiB), {}, stop);
+  const auto read = read_chars() - before;
   CHECK(report.totals.bytes_resident_before == 4 * MiB);
   CHECK(report.totals.bytes_warmed > 0);
   CHECK(report.totals.bytes_warmed <= 4 * MiB);
+  // The kernel's count of what the process's read calls returned (warming's reader threads are
+  // its own): the 4 MiB that were not resident at most, and not nothing; never less than warming
+  // says it read.
+  CHECK(read <= 4 * MiB + kReadSlack);
+  CHECK(read > kReadSlack);  // more than the reads of /proc/self/io themselves
+  CHECK(read >= report.totals.bytes_warmed);
   CHECK(report.warmed == std::vector<fs::path>{p});
   CHECK(resident(p) == 8 * MiB);
 }
