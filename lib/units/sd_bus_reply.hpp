@@ -7,6 +7,7 @@
 #include <systemd/sd-bus.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,5 +29,23 @@ Result<std::vector<std::uint32_t>> read_unit_processes(sd_bus_message* reply, co
 /// The InvocationID property's reply (ay) as 32 lowercase hex digits; "" for the null ID (a unit
 /// that never ran) and for a reply that is not 16 bytes.
 std::string read_invocation_id(sd_bus_message* reply);
+
+/// The object path of LoadUnit's reply (o); unit_failed "UNIT: LoadUnit reply: why" when the
+/// reply is not one.
+Result<std::string> read_unit_path(sd_bus_message* reply, const std::string& unit);
+
+/// Fetches property `name` of interface `iface` of the unit's object (a Properties.Get call):
+/// r >= 0 with its reply (the value in a variant) in `*reply`, which the caller then owns; else
+/// r < 0 (an errno) with `*error` set when the bus said why.
+using PropertyGetter =
+    std::function<int(const char* iface, const char* name, sd_bus_error* error, sd_bus_message** reply)>;
+
+/// The status of `unit` from its properties, fetched with `get` one at a time in this order:
+/// LoadState, ActiveState, SubState (org.freedesktop.systemd1.Unit); for a loaded ".service",
+/// ExecMainPID (u), ExecMainStatus (i) and Result (s) of org.freedesktop.systemd1.Service; for a
+/// loaded unit, InvocationID (ay), best effort ("" when it cannot be read). A unit without a unit
+/// file reads as not loaded. unit_failed "UNIT: PROPERTY: why" for the first property that cannot
+/// be fetched or whose value is of another type (nothing after it is fetched). Blocks as `get` does.
+Result<UnitStatus> read_unit_status(const std::string& unit, const PropertyGetter& get);
 
 }  // namespace modeld::units::detail

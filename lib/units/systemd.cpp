@@ -79,60 +79,20 @@ Result<void> manager_unit_call(sd_bus* bus, const char* method, const std::strin
 }
 
 Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
-  std::string object;
-  {
-    // LoadUnit (unlike GetUnit) answers for units systemd has not loaded yet, with LoadState
-    // "not-found" when no unit file exists.
-    BusError err;
-    Reply reply;
-    int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "LoadUnit", &err.e, &reply.m,
-                               "s", unit.c_str());
-    if (r < 0) return bus_error(unit, "LoadUnit", r, err.e);
-    const char* path = nullptr;
-    r = sd_bus_message_read(reply.m, "o", &path);
-    if (r < 0) return bus_error(unit, "LoadUnit reply", r, err.e);
-    object = path;
-  }
-  auto get_string = [&](const char* iface, const char* name, std::string& out) -> Result<void> {
-    BusError err;
-    char* value = nullptr;
-    int r = sd_bus_get_property_string(bus, kDestination, object.c_str(), iface, name, &err.e, &value);
-    if (r < 0) return bus_error(unit, name, r, err.e);
-    out = value ? value : "";
-    std::free(value);
-    return {};
-  };
-  // The properties are read one call each, so they are not one atomic snapshot: a caller that
-  // waits for a state polls again anyway.
-  UnitStatus st;
-  std::string load_state;
-  if (auto r = get_string(kUnit, "LoadState", load_state); !r) return r.error();
-  st.loaded = load_state == "loaded";
-  std::string active_state;
-  if (auto r = get_string(kUnit, "ActiveState", active_state); !r) return r.error();
-  st.active_state = parse_active_state(active_state);
-  if (auto r = get_string(kUnit, "SubState", st.sub_state); !r) return r.error();
-  if (st.loaded && unit.ends_with(".service")) {
-    BusError err;
-    int r = sd_bus_get_property_trivial(bus, kDestination, object.c_str(), kService, "ExecMainPID",
-                                        &err.e, 'u', &st.main_pid);
-    if (r < 0) return bus_error(unit, "ExecMainPID", r, err.e);
-    BusError err2;
-    std::int32_t status = 0;
-    r = sd_bus_get_property_trivial(bus, kDestination, object.c_str(), kService, "ExecMainStatus",
-                                    &err2.e, 'i', &status);
-    if (r < 0) return bus_error(unit, "ExecMainStatus", r, err2.e);
-    st.exec_main_status = status;
-    if (auto rr = get_string(kService, "Result", st.result); !rr) return rr.error();
-  }
-  if (st.loaded) {
-    // Best effort: without it, readers of the unit's journal fall back to a time bound.
-    BusError err;
-    Reply reply;
-    if (sd_bus_get_property(bus, kDestination, object.c_str(), kUnit, "InvocationID", &err.e, &reply.m, "ay") >= 0)
-      st.invocation_id = detail::read_invocation_id(reply.m);
-  }
-  return st;
+  // LoadUnit (unlike GetUnit) answers for units systemd has not loaded yet, with LoadState
+  // "not-found" when no unit file exists.
+  BusError err;
+  Reply reply;
+  int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "LoadUnit", &err.e, &reply.m, "s",
+                             unit.c_str());
+  if (r < 0) return bus_error(unit, "LoadUnit", r, err.e);
+  auto object = detail::read_unit_path(reply.m, unit);
+  if (!object) return object.error();
+  return detail::read_unit_status(unit, [&](const char* iface, const char* name, sd_bus_error* e,
+                                            sd_bus_message** m) {
+    return sd_bus_call_method(bus, kDestination, object->c_str(), "org.freedesktop.DBus.Properties", "Get", e, m,
+                              "ss", iface, name);
+  });
 }
 
 Result<std::vector<std::uint32_t>> unit_pids(sd_bus* bus, const std::string& unit) {
@@ -315,6 +275,80 @@ Result<std::vector<std::uint32_t>> read_unit_processes(sd_bus_message* reply, co
     pids.push_back(pid);
   }
   return pids;
+}
+
+namespace {
+
+// The value of a property's reply, a variant of type `type` holding a `T`; r < 0 (ENXIO) when
+// it holds another type.
+template <class T>
+int read_variant(sd_bus_message* reply, char type, T& out) {
+  const char contents[] = {type, '\0'};
+  int r = sd_bus_message_enter_container(reply, 'v', contents);
+  if (r >= 0) r = sd_bus_message_read_basic(reply, type, &out);
+  return r;
+}
+
+int read_value(sd_bus_message* reply, std::uint32_t& out) { return read_variant(reply, 'u', out); }
+int read_value(sd_bus_message* reply, std::int32_t& out) { return read_variant(reply, 'i', out); }
+int read_value(sd_bus_message* reply, std::string& out) {
+  const char* value = nullptr;
+  int r = read_variant(reply, 's', value);
+  if (r >= 0) out = value ? value : "";
+  return r;
+}
+
+// Property `name` of `iface` into `out` through `get`; unit_failed "UNIT: NAME: why".
+template <class T>
+Result<void> read_property(const std::string& unit, const PropertyGetter& get, const char* iface, const char* name,
+                           T& out) {
+  BusError err;
+  Reply reply;
+  int r = get(iface, name, &err.e, &reply.m);
+  if (r >= 0) r = read_value(reply.m, out);
+  if (r < 0) return bus_error(unit, name, r, err.e);
+  return {};
+}
+
+// Best effort: without it, readers of the unit's journal fall back to a time bound.
+std::string read_invocation_property(const PropertyGetter& get) {
+  BusError err;
+  Reply reply;
+  if (get(kUnit, "InvocationID", &err.e, &reply.m) < 0 || sd_bus_message_enter_container(reply.m, 'v', "ay") < 0)
+    return {};
+  return read_invocation_id(reply.m);
+}
+
+}  // namespace
+
+Result<std::string> read_unit_path(sd_bus_message* reply, const std::string& unit) {
+  const sd_bus_error none = SD_BUS_ERROR_NULL;
+  const char* path = nullptr;
+  int r = sd_bus_message_read(reply, "o", &path);
+  if (r < 0) return bus_error(unit, "LoadUnit reply", r, none);
+  return std::string(path ? path : "");
+}
+
+Result<UnitStatus> read_unit_status(const std::string& unit, const PropertyGetter& get) {
+  // The properties are read one call each, so they are not one atomic snapshot: a caller that
+  // waits for a state polls again anyway.
+  UnitStatus st;
+  std::string load_state;
+  if (auto r = read_property(unit, get, kUnit, "LoadState", load_state); !r) return r.error();
+  st.loaded = load_state == "loaded";
+  std::string active_state;
+  if (auto r = read_property(unit, get, kUnit, "ActiveState", active_state); !r) return r.error();
+  st.active_state = parse_active_state(active_state);
+  if (auto r = read_property(unit, get, kUnit, "SubState", st.sub_state); !r) return r.error();
+  if (st.loaded && unit.ends_with(".service")) {
+    if (auto r = read_property(unit, get, kService, "ExecMainPID", st.main_pid); !r) return r.error();
+    std::int32_t status = 0;
+    if (auto r = read_property(unit, get, kService, "ExecMainStatus", status); !r) return r.error();
+    st.exec_main_status = status;
+    if (auto r = read_property(unit, get, kService, "Result", st.result); !r) return r.error();
+  }
+  if (st.loaded) st.invocation_id = read_invocation_property(get);
+  return st;
 }
 
 std::string read_invocation_id(sd_bus_message* reply) {

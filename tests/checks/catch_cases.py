@@ -2,10 +2,14 @@
 """Fails when a Catch2 case in tests/unit could pass unseen: a case that may or should fail
 (`[!mayfail]`, `[!shouldfail]`: a failure counts as a pass) or a hidden case (`[.]`, `[.tag]`,
 `[!hide]`, `[!benchmark]`: never listed, so catch_discover_tests never registers it), or a case
-whose name starts with "./" (hidden in Catch 1; refused so that none reads as hidden or not).
+whose name starts with "./" (hidden in Catch 1; refused so that none reads as hidden or not);
+and when a catch_discover_tests() call of tests/CMakeLists.txt no longer passes `-w NoAssertions`
+in its EXTRA_ARGS (without it a case, or a leaf section, that ends without an assertion passes),
+or there is no such call.
 
     catch_cases.py [--root DIR]   check DIR (default: this repository)
-    catch_cases.py --self-test    break copies of tests/unit and expect each break to be found
+    catch_cases.py --self-test    break copies of tests/unit and tests/CMakeLists.txt and expect
+                                  each break to be found
 
 Reads every TEST_CASE-like macro (TEST_CASE, TEST_CASE_METHOD, SCENARIO, TEMPLATE_TEST_CASE, ...,
 with or without CATCH_) of tests/unit/**/*.cpp and *.hpp: its first string argument is the name,
@@ -22,6 +26,7 @@ import tempfile
 import checklib
 
 UNIT = pathlib.Path("tests/unit")
+CMAKE = pathlib.Path("tests/CMakeLists.txt")
 MACRO = re.compile(r"\b(?:CATCH_)?(TEST_CASE(?:_METHOD)?|SCENARIO(?:_METHOD)?|TEMPLATE_\w*TEST_CASE\w*|"
                    r"METHOD_AS_TEST_CASE|REGISTER_TEST_CASE)\s*\(")
 # Comments, raw and plain string literals, numbers (with ' separators), character literals,
@@ -104,8 +109,57 @@ def cases(text):
             yield text.count("\n", 0, matches[i][0]) + 1, case_problems(m.group(1), arguments(tokens, i + 1))
 
 
+# catch_discover_tests' keywords (Catch2 2.13): each ends the arguments of the keyword before it.
+DISCOVER_KEYWORDS = {"TEST_PREFIX", "TEST_SUFFIX", "WORKING_DIRECTORY", "TEST_SPEC", "EXTRA_ARGS", "PROPERTIES",
+                     "REPORTER", "OUTPUT_DIR", "OUTPUT_PREFIX", "OUTPUT_SUFFIX", "TEST_LIST", "DISCOVERY_MODE"}
+CMAKE_TOKEN = re.compile(r'#[^\n]*|"(?:\\.|[^"\\])*"|[()]|[^\s()#"]+')
+
+
+def cmake_calls(text, command):
+    """The arguments (unquoted words, comments dropped) of each call of `command` in CMake `text`,
+    with the line it starts on."""
+    tokens = [(m.start(), m.group(0)) for m in CMAKE_TOKEN.finditer(text) if not m.group(0).startswith("#")]
+    for i, (pos, tok) in enumerate(tokens[:-1]):
+        if tok.lower() != command or tokens[i + 1][1] != "(":
+            continue
+        args, depth = [], 1
+        for _, t in tokens[i + 2:]:
+            depth += {"(": 1, ")": -1}.get(t, 0)
+            if depth == 0:
+                break
+            if t not in ("(", ")"):
+                args.append(t[1:-1] if t.startswith('"') else t)
+        yield text.count("\n", 0, pos) + 1, args
+
+
+def keyword_values(args, keyword):
+    """The words after `keyword` in `args`, up to the next keyword."""
+    out, inside = [], False
+    for a in args:
+        if a in DISCOVER_KEYWORDS:
+            inside = a == keyword
+        elif inside:
+            out.append(a)
+    return out
+
+
+def discovery_problems(root):
+    """The problems of tests/CMakeLists.txt's catch_discover_tests() calls under `root`."""
+    calls = list(cmake_calls((root / CMAKE).read_text(encoding="utf-8"), "catch_discover_tests"))
+    if not calls:
+        return [f"{CMAKE}: no catch_discover_tests() call: the unit cases are not registered with -w NoAssertions"]
+    problems = []
+    for line, args in calls:
+        extra = keyword_values(args, "EXTRA_ARGS")
+        if not any(a in ("-w", "--warn") and b == "NoAssertions" for a, b in zip(extra, extra[1:])):
+            problems.append(f"{CMAKE}:{line}: catch_discover_tests() without -w NoAssertions in its EXTRA_ARGS: a "
+                            "case or leaf section that ends without an assertion would pass")
+    return problems
+
+
 def check(root, out=sys.stdout):
-    """Checks tests/unit under `root`; returns the number of problems (printed to `out`)."""
+    """Checks tests/unit and tests/CMakeLists.txt under `root`; returns the number of problems
+    (printed to `out`)."""
     count = found = 0
     for f in sorted(p for p in (root / UNIT).rglob("*") if p.suffix in (".cpp", ".hpp") and p.is_file()):
         for line, problems in cases(f.read_text(encoding="utf-8")):
@@ -117,6 +171,9 @@ def check(root, out=sys.stdout):
         print(f"no Catch2 case found under {root / UNIT}", file=out)
         return 1
     print(f"{found} Catch2 cases read", file=out)
+    for problem in discovery_problems(root):
+        print(problem, file=out)
+        count += 1
     return count
 
 
@@ -132,24 +189,55 @@ BREAKS = {
 }
 
 
-def broken_copy(tmp, key, addition):
-    """A copy of tests/unit under `tmp`/`key` with `addition` appended to one test source."""
+DISCOVER = "EXTRA_ARGS -w NoAssertions"
+# Breaks of tests/CMakeLists.txt: (the text that replaces `DISCOVER`, or a function of the whole
+# text; what the one problem found must name).
+CMAKE_BREAKS = {
+    "flag dropped": ("", "without -w NoAssertions"),
+    "flag commented out": (f"# {DISCOVER}\n", "without -w NoAssertions"),
+    "-w alone": ("EXTRA_ARGS -w", "without -w NoAssertions"),
+    "flag in PROPERTIES": ("PROPERTIES -w NoAssertions", "without -w NoAssertions"),
+    "no discovery": (lambda text: text.replace("catch_discover_tests(", "add_test("), "no catch_discover_tests()"),
+    "a second call without it": (lambda text: text + "\ncatch_discover_tests(unit_extra TEST_PREFIX \"extra: \")\n",
+                                 "without -w NoAssertions"),
+}
+
+
+def broken_copy(tmp, key, addition, cmake_break=None):
+    """A copy of tests/unit and tests/CMakeLists.txt under `tmp`/`key`, with `addition` appended
+    to one test source and the CMake file broken by `cmake_break` (see CMAKE_BREAKS)."""
     root = pathlib.Path(tmp) / key.replace(" ", "_")
     shutil.copytree(checklib.REPOSITORY / UNIT, root / UNIT)
     victim = root / UNIT / "warm" / "warm_test.cpp"
     victim.write_text(victim.read_text() + "\n" + addition)
+    text = (checklib.REPOSITORY / CMAKE).read_text(encoding="utf-8")
+    if callable(cmake_break):
+        text = cmake_break(text)
+    elif cmake_break is not None:
+        assert DISCOVER in text, f"{CMAKE} lacks {DISCOVER!r}: the self-test's CMake breaks cannot apply"
+        text = text.replace(DISCOVER, cmake_break)
+    (root / CMAKE).write_text(text, encoding="utf-8")
     return root
 
 
+def one_problem_failure(root, key, expected):
+    """A failure text unless checking `root` finds exactly one problem, naming `expected`."""
+    report = io.StringIO()
+    problems = check(root, report)
+    if problems != 1 or expected not in report.getvalue():
+        return [f"{key}: expected one problem naming {expected!r}, got {problems}:\n{report.getvalue()}"]
+    return []
+
+
 def self_test():
-    """Each break of a copy of tests/unit must be found, and nothing else; the copy unbroken passes."""
+    """Each break of a copy of tests/unit or tests/CMakeLists.txt must be found, and nothing
+    else; the copy unbroken passes."""
     failures = []
     with tempfile.TemporaryDirectory(prefix="modeld-catch-cases-") as tmp:
         for key, (addition, expected) in BREAKS.items():
-            report = io.StringIO()
-            problems = check(broken_copy(tmp, key, addition), report)
-            if problems != 1 or expected not in report.getvalue():
-                failures.append(f"{key}: expected one problem naming {expected!r}, got {problems}:\n{report.getvalue()}")
+            failures += one_problem_failure(broken_copy(tmp, key, addition), key, expected)
+        for key, (cmake_break, expected) in CMAKE_BREAKS.items():
+            failures += one_problem_failure(broken_copy(tmp, key, "", cmake_break), key, expected)
         clean = ('TEST_CASE("a name with [.] in it", "[tag][!throws]") { CHECK(1 == 1); }\n'
                  '// TEST_CASE("commented out", "[!mayfail]")\nconst char* s = "TEST_CASE(\\"x\\", \\"[.]\\")";\n')
         report = io.StringIO()
@@ -162,7 +250,7 @@ def self_test():
 def main(argv):
     return checklib.main(
         argv, lambda root, args: check(root), self_test,
-        "Catch2 cases ok: none hidden, none may or should fail, none named ./",
+        "Catch2 cases ok: none hidden, none may or should fail, none named ./; discovered with -w NoAssertions",
         lambda n: f"{n} Catch2 case(s) that could pass unseen")
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Fails when an assertion in tests/integration rests on all() or not any() over what may be empty.
+"""Fails when an assertion in tests/integration rests on all() or not any() over what may be empty,
+or is a loop of asserts over what may be empty.
 
     nonempty_all.py [--root DIR] [PATH...]   check PATH... (files or folders; default: tests/integration)
-    nonempty_all.py --self-test              check the checker on sample sources and a broken copy
+    nonempty_all.py --self-test              check the checker on sample sources and broken copies
 
 `all(p(x) for x in X)` and `not any(...)` are true when X is empty, so an assertion that rests on
 one (the assert's test, an operand of `and`/`or` in it, under any number of `not`) proves nothing
@@ -20,9 +21,16 @@ argument); for X = A.values(), .keys(), .items(), .splitlines() or .split(SEP), 
 counts, and what shows [f(a) for a in A] (no filter), set(A)... not empty shows A not empty. A
 generator with an `if` filter is refused whatever is known of X: the filtered elements may be
 none. Name them (`warm = [e for e in events if ...]`), assert them, then assert all() over them.
-`assert any(...)` fails on nothing and needs no proof. The check reads statements in source
-order and does not follow control flow: a proof inside an `if`, or a name assigned again after
-its proof, still counts (keep such code out of tests).
+`assert any(...)` fails on nothing and needs no proof. A name assigned such a value (`ok =
+all(...)`, `found = any(...)`) and asserted later (`assert ok`, `assert X and not found`) counts
+as that value asserted there, its call reported on the assignment's line.
+A loop whose body does nothing but assert (`for x in X: assert p(x)`, loops of such loops
+included, without an `else:`) is all() over X by another name, and X needs the same proof; a
+loop that does anything else (an `if`, a call) is not read. For X itself, sorted(X), set(X)...,
+enumerate(X), reversed(X), a comprehension with one unfiltered generator over X, and the views
+above are proven by a proof of X; range(N) of int literals is non-empty when it holds a number.
+The check reads statements in source order and does not follow control flow: a proof inside an
+`if`, or a name assigned again after its proof, still counts (keep such code out of tests).
 Exceptions by (file, function, the iterable's source text) in ALLOWED, each with its reason; an
 entry that matches no call fails the check, so the table stays true. Exit status 1 on a problem.
 """
@@ -36,16 +44,29 @@ import tempfile
 
 import checklib
 
-# (file under the root, function, ast.unparse of the iterable): why it may be empty or needs no proof.
+# (file under the root, function, ast.unparse of the iterable of an all()/not any() or of a loop of
+# asserts): why it may be empty or needs no proof.
 ALLOWED = {
     ("tests/integration/test_fixtures.py", "test_a_checkpoint_is_valid_safetensors_with_a_matching_index",
      "zip(spans, spans[1:])"): "adjacent spans of a shard: one of a single tensor has no pair, and the asserts "
                                "on spans[0] and spans[-1] around it cover that case",
     ("tests/integration/test_fixtures.py", "test_fake_vllm_token_seconds_spaces_every_token_and_stays_alive",
      "zip(times, times[1:])"): "len(times) == 5 is asserted before it: four pairs",
+    ("tests/integration/test_ops_e2e.py", "test_journalctl_x_explains_the_catalogued_deployment_lines",
+     "ALL_IDS"): "the module's constant list of the six catalogued MESSAGE_IDs ([... for n in range(6)]), "
+                 "which the check does not follow from module to function",
+    ("tests/integration/test_fleet_e2e.py",
+     "test_the_role_installs_modeld_on_every_host_and_a_rollout_puts_one_commit_into_service",
+     "site.fleet.hosts"): "Fleet(workdir) boots its n_hosts = 4 hosts or raises (fleet.py), and later "
+                          "tests of the module name host1..host4",
+    ("tests/integration/test_fleet_e2e.py", "test_the_token_reaches_the_hub_only_and_no_output_or_log",
+     "site.fleet.hosts"): "Fleet(workdir) boots its n_hosts = 4 hosts or raises (fleet.py), and earlier "
+                          "tests of the module name host1..host4",
 }
 
 WRAPPERS = {"set", "list", "sorted", "tuple", "frozenset"}
+# Not empty exactly when their argument is not, but always true themselves: never evidence.
+SAME_LENGTH = {"enumerate", "reversed"}
 VIEWS = {"values", "keys", "items", "splitlines"}  # and split(SEP)
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
 
@@ -59,12 +80,12 @@ COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
 def inner(node):
-    """X when `node` is not empty only if X is not: set(X), list(X)..., or a comprehension over X
-    that filters nothing; else None."""
+    """X when `node` is not empty exactly when X is not: set(X), list(X)..., or a comprehension
+    with one generator, over X, that filters nothing; else None."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in WRAPPERS \
             and len(node.args) == 1 and not node.keywords:
         return node.args[0]
-    if isinstance(node, COMPREHENSIONS) and not any(g.ifs for g in node.generators):
+    if isinstance(node, COMPREHENSIONS) and len(node.generators) == 1 and not node.generators[0].ifs:
         return node.generators[0].iter
     return None
 
@@ -77,7 +98,23 @@ def unwrapped(node):
     return out
 
 
+def nonempty_range(node):
+    """Whether `node` is range(N) or range(A, B) of int literals that holds a number."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+            and 1 <= len(node.args) <= 2 and not node.keywords):
+        return False
+    bounds = [a.value if isinstance(a, ast.Constant) and type(a.value) is int else None for a in node.args]
+    if None in bounds:
+        return False
+    low, high = bounds if len(bounds) == 2 else (0, bounds[0])
+    return high > low
+
+
 def nonempty_literal(node):
+    """Whether `node` is a literal that is not empty (a list, tuple, set, dict, string, bytes) or
+    a range of literals that holds a number."""
+    if nonempty_range(node):
+        return True
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return bool(node.elts)
     if isinstance(node, ast.Dict):
@@ -133,15 +170,20 @@ def iterable_of(call):
     return arg, False
 
 
-def quantifiers(test, negated=False):
+def quantifiers(test, negated=False, names=None):
     """The all() calls and negated any() calls an assertion's truth rests on, in evaluation
-    order, each with the evidence its `and` gives before it: [(call, [expressions])]."""
+    order, each with the evidence its `and` gives before it: [(call, [expressions])]. A name in
+    `names` (a name assigned such a value: `ok = all(...)`) stands for its value."""
+    names = names or {}
+    if isinstance(test, ast.Name) and test.id in names:
+        rest = {k: v for k, v in names.items() if k != test.id}
+        return quantifiers(names[test.id], negated, rest)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return quantifiers(test.operand, not negated)
+        return quantifiers(test.operand, not negated, names)
     if isinstance(test, ast.BoolOp):
         out, before = [], []
         for v in test.values:
-            out += [(c, before + e) for c, e in quantifiers(v, negated)]
+            out += [(c, before + e) for c, e in quantifiers(v, negated, names)]
             if isinstance(test.op, ast.And) and not negated:
                 before = before + evidence_of(v)
         return out
@@ -169,13 +211,27 @@ def statements(scope):
     return sorted(out, key=lambda s: (s.lineno, s.col_offset))
 
 
-def shown_nonempty(x, known):
-    """Whether `x` is a non-empty literal or `known` shows it (or what it is a view of) not empty."""
-    candidates = [x]
+def same_emptiness(x):
+    """What is empty exactly when `x` is: what inner() gives, the argument of enumerate() or
+    reversed(), or A for a view of A (A.values(), A.split(SEP)...)."""
+    if (i := inner(x)) is not None:
+        return i
+    if isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in SAME_LENGTH \
+            and len(x.args) == 1 and not x.keywords:
+        return x.args[0]
     if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and (
             x.func.attr in VIEWS or x.func.attr == "split" and x.args):
-        candidates.append(x.func.value)
-    return nonempty_literal(x) or any(same(c, k) for c in candidates for k in known)
+        return x.func.value
+    return None
+
+
+def shown_nonempty(x, known):
+    """Whether `x`, or what is empty exactly when it is (same_emptiness(), repeatedly), is a
+    non-empty literal or shown not empty by `known`."""
+    candidates = [x]
+    while (c := same_emptiness(candidates[-1])) is not None:
+        candidates.append(c)
+    return any(nonempty_literal(c) or any(same(c, k) for k in known) for c in candidates)
 
 
 def assigned_nonempty(s, known):
@@ -189,23 +245,50 @@ def assigned_nonempty(s, known):
     return []
 
 
+def only_asserts(body):
+    """Whether a loop's `body` does nothing but assert (in loops of its own, too)."""
+    return all(isinstance(s, ast.Assert) or isinstance(s, (ast.For, ast.AsyncFor)) and not s.orelse
+               and only_asserts(s.body) for s in body)
+
+
+ALL_FORM, LOOP_FORM = "all()/not any()", "a loop of asserts"
+
+
+def quantifier_problems(s, known, names):
+    """[(line, form, iterable text, why)] for the unproven quantifiers assert `s` rests on."""
+    found = []
+    for call, before in quantifiers(s.test, names=names):
+        it = iterable_of(call)
+        if it is None:
+            continue
+        x, filtered = it
+        if filtered:
+            found.append((call.lineno, ALL_FORM, ast.unparse(x), "its generator filters: the elements it checks may "
+                          "be none; name them, assert them, then assert all() over them"))
+        elif not shown_nonempty(x, known + before):
+            found.append((call.lineno, ALL_FORM, ast.unparse(x), "nothing before it asserts that this is not empty"))
+    return found
+
+
 def problems_in(scope):
-    """[(line, iterable text, why)] for the unproven quantifiers of `scope`'s own statements."""
-    found, known = [], []
+    """[(line, form, iterable text, why)] for the unproven quantifiers and loops of asserts of
+    `scope`'s own statements."""
+    found, known, names = [], [], {}
     for s in statements(scope):
         known += assigned_nonempty(s, known)
+        if isinstance(s, ast.Assign):
+            for t in s.targets:
+                if isinstance(t, ast.Name):
+                    names.pop(t.id, None)
+                    if quantifiers(s.value, names=names) or quantifiers(s.value, True, names):
+                        names[t.id] = s.value  # all() or any(): asserted as it is or negated
+        if isinstance(s, (ast.For, ast.AsyncFor)) and not s.orelse and only_asserts(s.body) \
+                and not shown_nonempty(s.iter, known):
+            found.append((s.lineno, LOOP_FORM, ast.unparse(s.iter), "it asserts nothing when this is empty, and "
+                          "nothing before it asserts that this is not empty"))
         if not isinstance(s, ast.Assert):
             continue
-        for call, before in quantifiers(s.test):
-            it = iterable_of(call)
-            if it is None:
-                continue
-            x, filtered = it
-            if filtered:
-                found.append((call.lineno, ast.unparse(x), "its generator filters: the elements it checks may "
-                              "be none; name them, assert them, then assert all() over them"))
-            elif not shown_nonempty(x, known + before):
-                found.append((call.lineno, ast.unparse(x), "nothing before it asserts that this is not empty"))
+        found += [p for p in quantifier_problems(s, known, names) if p not in found]
         known += evidence_of(s.test)
     return found
 
@@ -237,17 +320,18 @@ def check(root, paths, out=sys.stdout, allowed=None):
         rel = f.relative_to(root).as_posix()
         tree = ast.parse(f.read_text(encoding="utf-8"), filename=str(f))
         for name, scope in scopes(tree):
-            for line, text, why in problems_in(scope):
+            for line, form, text, why in problems_in(scope):
                 if (rel, name, text) in allowed:
                     seen.add((rel, name, text))
                     continue
                 problems += 1
-                print(f"{rel}:{line}: {name}: all()/not any() over {text}: {why} (or list it in "
+                print(f"{rel}:{line}: {name}: {form} over {text}: {why} (or list it in "
                       "tests/checks/nonempty_all.py's ALLOWED with a reason)", file=out)
     for key in sorted(allowed.keys() - seen):
         if (root / key[0]).is_file() and any(pathlib.PurePosixPath(key[0]).is_relative_to(p) for p in paths):
             problems += 1
-            print(f"{key[0]}: {key[1]}: ALLOWED lists all()/not any() over {key[2]}, which is not there (or "
+            print(f"{key[0]}: {key[1]}: ALLOWED lists all()/not any() or a loop of asserts over {key[2]}, which is "
+                  "not there (or "
                   "is proven now): remove the entry", file=out)
     return problems
 
@@ -296,16 +380,69 @@ def test_not_vacuous(xs):
     assert not all(x for x in xs)
     if all(x for x in xs):
         pass
+
+
+def test_proven_forms(xs, ws, d):
+    assert xs
+    ok = all(x for x in xs)
+    assert ok
+    for x in xs:
+        assert x
+    for i, x in enumerate(sorted(xs)):
+        assert x, i
+    for n in range(3):
+        assert n >= 0
+    for w in ws:
+        print(w)
+        assert w
+    done = not any(y for y in [1, 2])
+    assert done
+    later = all(w for w in ws)
+    later = bool(ws)
+    assert later
+    never_asserted = all(w for w in ws)
+    assert d and (fine := True)
+    for v in d.values():
+        assert v
+    for w in ws:
+        assert w
+    else:
+        pass
+
+
+def test_unproven_forms(xs, ys, zs, d):
+    ok = all(x for x in xs)
+    assert ok, "a message"
+    assert ok
+    fine = ys and all(y for y in ys)
+    assert fine
+    clean = any(z for z in zs)
+    assert not clean
+    for k, v in d.items():
+        assert v, k
+    for i, y in enumerate(reversed(ys)):
+        for z in zs:
+            assert y != z
+    for _ in range(0):
+        assert False
+    flag = all(x for x in xs if x)
+    assert xs and flag
 '''
 
-EXPECTED = [("test_unproven", 25, "xs"), ("test_unproven", 26, "ys"), ("test_unproven", 27, "zs"),
-            ("test_unproven", 28, "d.values()"), ("inner", 31, "xs"), ("test_unproven", 33, "ys")]
-REPORTED = re.compile(r"^(\S+?):(\d+): (\w+): all\(\)/not any\(\) over (.+?): ", re.M)
+EXPECTED = [("test_unproven", 25, ALL_FORM, "xs"), ("test_unproven", 26, ALL_FORM, "ys"),
+            ("test_unproven", 27, ALL_FORM, "zs"), ("test_unproven", 28, ALL_FORM, "d.values()"),
+            ("inner", 31, ALL_FORM, "xs"), ("test_unproven", 33, ALL_FORM, "ys"),
+            ("test_unproven_forms", 76, ALL_FORM, "xs"), ("test_unproven_forms", 81, ALL_FORM, "zs"),
+            ("test_unproven_forms", 83, LOOP_FORM, "d.items()"),
+            ("test_unproven_forms", 85, LOOP_FORM, "enumerate(reversed(ys))"),
+            ("test_unproven_forms", 86, LOOP_FORM, "zs"), ("test_unproven_forms", 88, LOOP_FORM, "range(0)"),
+            ("test_unproven_forms", 90, ALL_FORM, "xs")]
+REPORTED = re.compile(r"^(\S+?):(\d+): (\w+): (all\(\)/not any\(\)|a loop of asserts) over (.+?): ", re.M)
 
 
 def reported(text):
-    """[(function, line, iterable)] of a check's report."""
-    return [(m.group(3), int(m.group(2)), m.group(4)) for m in REPORTED.finditer(text)]
+    """[(function, line, form, iterable)] of a check's report."""
+    return [(m.group(3), int(m.group(2)), m.group(4), m.group(5)) for m in REPORTED.finditer(text)]
 
 
 def sample_failures(root):
@@ -317,52 +454,63 @@ def sample_failures(root):
     report = io.StringIO()
     problems = check(root, ["t"], report, allowed)
     got = sorted(reported(report.getvalue()))
-    if got != sorted(EXPECTED) or problems != len(EXPECTED) + 1 or "gone: ALLOWED lists all()/not any() over vs" \
-            not in report.getvalue():
+    if got != sorted(EXPECTED) or problems != len(EXPECTED) + 1 or "gone: ALLOWED lists all()/not any() or a loop " \
+            "of asserts over vs" not in report.getvalue():
         failures.append(f"sample: expected {EXPECTED} and the stale entry, got:\n{report.getvalue()}")
     return failures
 
 
-STRIP = re.compile(r"^(\s*assert )(\w+) and ((?:all|not any)\()", re.M)
+# Broken copies of tests/integration, each (what it breaks, pattern, replacement, the line a match
+# must be reported on relative to the match's first line): `assert X and all(...)` lines lose their
+# `X and`; an `assert X` (or `assert X, why`) right before a loop of asserts over X becomes `pass`.
+BREAKS = [
+    ("`X and` stripped", re.compile(r"^(\s*assert )(\w+) and ((?:all|not any)\()", re.M), r"\1\3", 0),
+    ("`assert X` before a loop over X dropped",
+     re.compile(r"^([ \t]*)assert (\w+)(?:,[^\n]*)?$(?=\n[ \t]*for [^\n]* in \2\b[^\n]*:$)", re.M), r"\1pass", 1),
+]
 
 
-def broken_copy_failures(root):
-    """The self-test on a copy of tests/integration whose `assert X and all(...)` lines lose their
-    `X and`: it must fail, on those lines only."""
-    copy = root / "copy"
+def reported_lines(text):
+    """{(file, line)} of a check's report."""
+    return {(f, int(n)) for f, n in re.findall(r"^(\S+?):(\d+): ", text, re.M)}
+
+
+def broken_copy_failures(root, label, pattern, replacement, offset):
+    """The self-test on a copy of tests/integration broken by `pattern` -> `replacement`: it must
+    fail, on the lines `offset` after the matches only."""
+    copy = root / label.translate(str.maketrans(" `", "__"))
     shutil.copytree(checklib.REPOSITORY / "tests" / "integration", copy / "tests" / "integration",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    stripped = set()
+    broken = set()
     for f in sorted((copy / "tests" / "integration").glob("*.py")):
         text = f.read_text(encoding="utf-8")
         rel = f.relative_to(copy).as_posix()
-        stripped |= {(rel, text.count("\n", 0, m.start()) + 1) for m in STRIP.finditer(text)}
-        f.write_text(STRIP.sub(r"\1\3", text), encoding="utf-8")
+        broken |= {(rel, text.count("\n", 0, m.start()) + 1 + offset) for m in pattern.finditer(text)}
+        f.write_text(pattern.sub(replacement, text), encoding="utf-8")
     before, after = io.StringIO(), io.StringIO()
     base = check(checklib.REPOSITORY, ["tests/integration"], before)
     check(copy, ["tests/integration"], after)
-    new = set(re.findall(r"^(\S+?):(\d+): ", after.getvalue(), re.M)) - \
-        set(re.findall(r"^(\S+?):(\d+): ", before.getvalue(), re.M))
-    new = {(f, int(n)) for f, n in new}
-    if not stripped or not new or not new <= stripped:
-        failures = [f"broken copy: {len(stripped)} line(s) stripped, expected some of them (and only them) "
-                    f"reported beyond the {base} problem(s) of the tree, got {sorted(new)}:\n{after.getvalue()}"]
-        return failures
+    new = reported_lines(after.getvalue()) - reported_lines(before.getvalue())
+    if not broken or not new or not new <= broken:
+        return [f"broken copy ({label}): {len(broken)} place(s) broken, expected some of them (and only them) "
+                f"reported beyond the {base} problem(s) of the tree, got {sorted(new)}:\n{after.getvalue()}"]
     return []
 
 
 def self_test():
-    """Checks the checker on samples and a broken copy; returns the process's exit status."""
+    """Checks the checker on samples and broken copies; returns the process's exit status."""
     with tempfile.TemporaryDirectory() as d:
-        failures = sample_failures(pathlib.Path(d)) + broken_copy_failures(pathlib.Path(d))
+        failures = sample_failures(pathlib.Path(d))
+        for label, pattern, replacement, offset in BREAKS:
+            failures += broken_copy_failures(pathlib.Path(d), label, pattern, replacement, offset)
     return checklib.self_test_verdict(failures)
 
 
 def main(argv):
     return checklib.main(
         argv, lambda root, args: check(root, args or ["tests/integration"]), self_test,
-        f"all()/not any() ok: each rests on a non-empty iterable ({len(ALLOWED)} allowed)",
-        lambda n: f"{n} all()/not any() problem(s): an assertion that holds over nothing proves nothing")
+        f"all()/not any() and loops of asserts ok: each rests on a non-empty iterable ({len(ALLOWED)} allowed)",
+        lambda n: f"{n} all()/not any() or loop problem(s): an assertion that holds over nothing proves nothing")
 
 
 if __name__ == "__main__":

@@ -104,7 +104,9 @@ def flip_byte(path: Path, offset: int) -> None:
 def assert_served(env: ModeldEnv, name: str) -> None:
     served = env.models_dir / name
     assert served.is_symlink() and env.status()["active"]["model"] == name
-    for rel in repo_files(env, name):
+    files = repo_files(env, name)
+    assert files, f"acme/{name} has no files"
+    for rel in files:
         assert filecmp.cmp(served / rel, env.repos / "acme" / name / rel, shallow=False), rel
     assert completion(env.ports[name], name)
 

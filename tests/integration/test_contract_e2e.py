@@ -456,6 +456,7 @@ def test_ids_of_deployments_in_the_same_second_and_a_history_of_over_100(env):
         assert m, d["id"]
         assert m.group(1) == d["started_at"][:19].replace("-", "").replace(":", "") + "Z", d
         by_second.setdefault(m.group(1), []).append(m.group(2) or "1")
+    assert by_second, "no deployment of missing listed"
     for second, suffixes in by_second.items():
         assert suffixes == [str(i) for i in range(1, len(suffixes) + 1)], (second, suffixes)
     # n deployments in fewer than n seconds: some second saw two of them (pigeonhole).

@@ -282,6 +282,7 @@ def test_a_checkpoint_with_one_defect_fails_before_stopping_old_and_the_old_mode
     assert defect.file in message, message
     if defect.tensor:
         assert f"'{defect.tensor}'" in message, message
+    assert defect.says, f"{defect.name} names no words of the message"
     for words in defect.says:
         assert words in message, f"{words!r} not in {message!r}"
 

@@ -86,8 +86,9 @@ def test_deploying_a_second_model_replaces_the_first(env):
     # B's files are byte-identical to the hub's.
     served = env.models_dir / "model-b"
     repo = env.repos / "acme" / "model-b"
-    assert files_of(served) == files_of(repo)
-    for name in files_of(repo):
+    files = files_of(repo)
+    assert files and files_of(served) == files
+    for name in files:
         assert filecmp.cmp(served / name, repo / name, shallow=False), name
 
     # B answers a completion.

@@ -95,7 +95,9 @@ def deploy_under(env, name: str, expect_exit: int = 0, **faults) -> tuple[dict, 
 
 def assert_served_files_match(env, name: str) -> None:
     served = env.models_dir / name
-    for s in shards(env, name):
+    names = shards(env, name)
+    assert names, f"acme/{name} has no shards"
+    for s in names:
         assert filecmp.cmp(served / s, env.repos / "acme" / name / s, shallow=False), s
 
 
@@ -145,7 +147,9 @@ def test_a_retryable_status_is_retried_until_the_download_succeeds(env, status):
     dep, _ = deploy_under(env, name, fail_first=2, fail_glob=f"acme/{name}/*.safetensors",
                           fail_status=status, retry_after="0")
     assert dep["state"] == "succeeded" and env.status()["active"]["model"] == name
-    for s in shards(env, name):
+    names = shards(env, name)
+    assert names, f"acme/{name} has no shards"
+    for s in names:
         assert len(downloads(env, name, s)) == 3  # two failures, then the file
     assert_served_files_match(env, name)
 
@@ -382,7 +386,9 @@ def test_a_kill_9_mid_download_resumes_and_wastes_under_5_percent(tmp_path):
         ranges = [r["range"] for r in e.hub.requests() if r["origin"] == "cdn" and r.get("range")]
         assert any(not r.startswith("bytes=0-") for r in ranges), ranges
         served = e.models_dir / "huge"
-        for s in sorted((e.repos / "acme" / "huge").glob("*.safetensors")):
+        huge_shards = sorted((e.repos / "acme" / "huge").glob("*.safetensors"))
+        assert huge_shards, "acme/huge has no shards"
+        for s in huge_shards:
             assert filecmp.cmp(served / s.name, s, shallow=False), s.name
     finally:
         e.stop()

@@ -225,7 +225,7 @@ def test_the_same_arguments_give_the_same_bytes_and_another_seed_other_bytes(tmp
     assert r.returncode == 0, r.stderr
     make_checkpoint(c, shards=2, shard_size=50_000, seed=6)
     names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
+    assert names and names == sorted(p.name for p in b.iterdir())
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
     shard = "model-00001-of-00002.safetensors"

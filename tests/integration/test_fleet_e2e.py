@@ -337,6 +337,7 @@ def test_a_canary_whose_decode_speed_was_not_measured_goes_back_and_stops_the_ro
 
 
 def test_the_token_reaches_the_hub_only_and_no_output_or_log(site):
+    assert site.outputs, "no playbook ran before this test"
     for out in site.outputs:
         assert TOKEN not in out
     requests = [json.loads(line) for line in site.requests.read_text().splitlines() if line.strip()]

@@ -126,6 +126,7 @@ def test_a_folder_written_by_another_user_is_adopted_through_hard_links(env):
     assert cdn == [], f"adopted files were downloaded again: {cdn}"
     served = env.models_dir / name
     assert served.is_symlink()
+    assert inodes, f"acme/{name} has no files"
     for rel, ino in inodes.items():
         assert (served / rel).stat().st_ino == ino, f"{rel} is not the operator's file (hard link)"
         assert filecmp.cmp(served / rel, env.repos / "acme" / name / rel, shallow=False), rel

@@ -1,7 +1,8 @@
 """End to end, `modelctl stop` as docs/interface.md fixes it ("Stop." under "Several models on one
 host" and "Several models in service: status, stop, metrics"), under a namespaced systemd with a
 fake NVML showing one GPU: its output lines and exit codes, a model no longer configured but in
-service stopped, and a stop that cannot finish ending `failed` naming what is left."""
+service stopped (unwatched from the reload that removed it, and watched by no watcher after the
+stop, configured again or not), and a stop that cannot finish ending `failed` naming what is left."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from contract_helpers import reload
+from contract_helpers import journal_mark, reload
 from modeld_env import BUILD_DIR, ModeldEnv, completion, free_port, model_table, wait_for
 from nsystemd import unsupported_reason
 
@@ -39,9 +40,10 @@ def nvml_state(path: Path, procs: list[tuple[int, int]] = ()) -> None:
 
 def tables(e: ModeldEnv, names: list[str]) -> str:
     """"held" uses every GPU (so its stop waits for GPU 0's memory); the others none, so they
-    serve beside it."""
+    serve beside it, each watched every second."""
     return "".join(model_table(n, f"acme/{n}", e.ports[n], stop_timeout="3s",
-                               extra_serve="" if n == "held" else "gpu_ids = []") for n in names)
+                               extra_serve="" if n == "held" else "gpu_ids = []")
+                   + ("" if n == "held" else f'\n[models.{n}.health]\nwatch_interval = "1s"\n') for n in names)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +71,30 @@ def unit(model: str) -> str:
 
 def services(env: ModeldEnv) -> list[str]:
     return [s["model"] for s in env.status()["services"]]
+
+
+def watchdog_state(env: ModeldEnv, model: str) -> str | None:
+    """The state of `model`'s watcher as its entry of GET /v1/status "services" has it."""
+    entry = next(s for s in env.status()["services"] if s["model"] == model)
+    return (entry["watchdog"] or {}).get("state")
+
+
+def probed(env: ModeldEnv, model: str, times: int) -> None:
+    """Waits until the watcher of `model` (in service) has finished `times` probes from now on:
+    `times` + 1 values of its last_probe_at (whole seconds; the first may be older than now)."""
+    seen: set[str] = set()
+
+    def enough() -> bool:
+        entry = next(s for s in env.status()["services"] if s["model"] == model)
+        seen.add((entry["watchdog"] or {}).get("last_probe_at") or "")
+        return len(seen - {""}) > times
+    wait_for(f"{times} probes of {model}'s watcher", enough, timeout=30)
+
+
+def watchdog_lines(env: ModeldEnv, model: str, since: int) -> list[str]:
+    """modeld's "watchdog: ..." lines about `model` since the journal mark `since`."""
+    return [e["MESSAGE"] for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_MODEL={model}")
+            if int(e["__REALTIME_TIMESTAMP"]) >= since and e.get("MESSAGE", "").startswith("watchdog: ")]
 
 
 def stop(env: ModeldEnv, *args: str) -> tuple[int, list[str], str]:
@@ -110,11 +136,18 @@ def test_stop_prints_pulls_lines_and_exits_as_deploy_does(env):
 
 def test_a_model_no_longer_configured_but_in_service_can_be_stopped(env):
     assert env.deploy_and_wait("gone")["state"] == "succeeded"
+    # plain serves beside it, watched every second as gone was: the yardstick of how soon a
+    # watcher acts.
+    assert env.deploy_and_wait("plain")["state"] == "succeeded"
+    assert services(env) == ["gone", "plain"]
+    wait_for("gone watched", lambda: watchdog_state(env, "gone") == "watching", timeout=30)
     env.write_config(tables(env, [n for n in env.names if n != "gone"]))
     reload(env)
     # Still in service and serving after the reload, unwatched.
     assert "gone" in services(env)
+    wait_for("gone's watcher to stop", lambda: watchdog_state(env, "gone") == "stopped", timeout=30)
     assert completion(env.ports["gone"], "gone")
+    mark = journal_mark()
     rc, out, err = stop(env, "gone", "--wait")
     assert rc == 0, (out, err)
     dep_id = stop_id(out[0], "gone")
@@ -123,8 +156,18 @@ def test_a_model_no_longer_configured_but_in_service_can_be_stopped(env):
     assert (dep["kind"], dep["state"], dep["changed"]) == ("stop", "succeeded", True), dep
     assert env.unit_state(unit("gone")) in ("inactive", "failed")
     assert "gone" not in services(env)
+    # Configured again, out of service: no watcher watches it. By plain's third probe after the
+    # reload a watcher of gone (every second too) would have looked at its stopped unit twice,
+    # said "watchdog: watching" and restarted it.
     env.write_config(tables(env, env.names))
     reload(env)
+    probed(env, "plain", 3)
+    assert watchdog_lines(env, "gone", mark) == [], watchdog_lines(env, "gone", mark)
+    assert env.unit_state(unit("gone")) in ("inactive", "failed")
+    assert "gone" not in services(env)
+    assert watchdog_state(env, "plain") == "watching"  # the yardstick was watched throughout
+    rc, out, err = stop(env, "plain", "--wait")
+    assert rc == 0, (out, err)
 
 
 def test_a_stop_that_cannot_finish_ends_failed_naming_what_is_left(env):

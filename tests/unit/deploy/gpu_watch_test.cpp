@@ -195,6 +195,27 @@ TEST_CASE("a freed GPU still held at the deadline fails the stop naming the GPU 
   CHECK(fx.recorded() == gpu::Baseline{{{"GPU-0", kIdle}, {"GPU-1", kIdle}}});  // nothing re-measured
 }
 
+TEST_CASE("NVML failing during the wait after a stop ends the wait at once with NVML's error, measuring nothing") {
+  Fixture fx;
+  fx.record_idle_baseline();
+  // GPU 0 still held at the first look; NVML fails at the second.
+  const auto held = two_gpus(kIdle + 20 * GiB, kIdle, {kWorker});
+  const std::string lost = "libnvidia-ml.so.1: nvmlDeviceGetMemoryInfo: GPU is lost";
+  std::atomic<int> looks = 0;
+  fx.services.gpu_snapshot = [&]() -> Result<std::optional<gpu::Snapshot>> {
+    if (looks++ == 0) return std::optional<gpu::Snapshot>(held);
+    return make_error(Errc::unit_failed, lost);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = fx.wait_back(20s, true, std::vector<unsigned>{0});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::unit_failed);
+  CHECK(r.error().message == lost);  // NVML's own words, nothing added
+  CHECK(looks == 2);                 // no look after the failed one
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // not waiting until the deadline
+  CHECK(fx.recorded() == gpu::Baseline{{{"GPU-0", kIdle}, {"GPU-1", kIdle}}});  // nothing re-measured
+}
+
 TEST_CASE("a freed GPU without a recorded baseline is not waited for, and is measured then") {
   Fixture fx;
   const std::string only_gpu1 = util::dump_json(gpu::to_json(gpu::Baseline{{{"GPU-1", kIdle}}}), 1);
