@@ -39,8 +39,8 @@ apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends \
     ansible ansible-lint python3-apt openssh-server openssh-client iproute2 >/dev/null
 # dpkg-dev (dpkg-shlibdeps), file and gzip are what scripts/package.sh's CPack DEB run needs;
 # lintian checks the package (docs/packaging.md).
-# fuse3 and python3-fuse run tests/fixtures/slow_fs.py, a disk that stalls on purpose
-# (tests/integration/test_slow_disk_e2e.py); e2fsprogs (mkfs.ext4) makes the ext4 loop image
+# fuse3 and python3-fuse run tests/fixtures/slow_fs.py, a disk that stalls or has a bad sector on
+# purpose (tests/integration/test_slow_disk_e2e.py, test_warm_eio_e2e.py); e2fsprogs (mkfs.ext4) makes the ext4 loop image
 # test_warm_e2e.py keeps models on (tmpfs makes mincore meaningless).
 # nginx-core (with the slice module) runs the site cache of config/site-cache/ in
 # tests/integration/test_site_cache_e2e.py, as its own instance; the package's service stays off.

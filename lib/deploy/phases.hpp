@@ -283,7 +283,8 @@ using WarmProgressFn = std::function<void(const WarmReport&)>;
 /// and MODELD_TEST_WARM_RATE bytes/s at most, in builds with test hooks). Logs a start and a
 /// closing line under `fields`; `progress` (may be empty) gets the figures on the loop. With
 /// `cancellable`, a cancel of the awaiting coroutine stops the readers and returns cancelled.
-/// Errors: the manifest's or /proc/meminfo's (io_error, checkpoint_incomplete), cancelled.
+/// Errors: the manifest's or /proc/meminfo's (io_error, checkpoint_incomplete), cancelled, and
+/// io_error "cannot read FILE of MODEL at COMMIT12, at byte N: ..." (about FILE) for a read error.
 boost::asio::awaitable<Result<Warmed>> warm_revision(Services& s, const config::ModelConfig& model,
                                                      const std::string& commit, const sys::Fields& fields,
                                                      const WarmProgressFn& progress, bool cancellable);

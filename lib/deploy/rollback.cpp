@@ -32,13 +32,18 @@ boost::asio::awaitable<Result<void>> start_previous(Services& s, const Run& run,
   // The old server as it ran (its recorded settings), not as today's configuration renders it.
   if (auto r = co_await install_dropin(s, *old, a.started); !r) co_return make_error(Errc::rollback_failed, r.error().message);
   // Warming the new revision may have pushed the old one out of the page cache: it is read back
-  // first (not cancellable, as rolling back is not; a failure to warm only slows the start).
+  // first (not cancellable, as rolling back is not). A failure to warm, an unreadable file
+  // included, is said and the old server started anyway: whether it still loads is its start's
+  // to tell, and nothing better than trying is left to do.
   const sys::Fields fields = run.fields();
   if (old->serve.warm != "off") {
     const WarmProgressFn none;
     sys::logf(sys::Level::notice, fields, "warming the previous revision of {} before starting it again", a.model);
-    if (auto w = co_await warm_revision(s, *old, a.commit, fields, none, false); !w)
-      sys::logf(sys::Level::warning, fields, "cannot warm {}: {}", a.model, w.error().message);
+    if (auto w = co_await warm_revision(s, *old, a.commit, fields, none, false); !w) {
+      sys::Fields f = fields;
+      for (const auto& file : w.error().files) f.extra.emplace_back("MODELD_FILE", file);
+      sys::logf(sys::Level::warning, f, "cannot warm {}: {}; starting it anyway", a.model, w.error().message);
+    }
   }
   const auto unit = units::serve_unit(a.model);
   sys::logf(sys::Level::warning, fields, "starting {} again (model {} at {})", unit, a.model, a.commit.substr(0, 12));

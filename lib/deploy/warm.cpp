@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace modeld::deploy {
 
@@ -95,6 +96,15 @@ std::string closing_note(const warm::Report& r, std::uint64_t budget, std::chron
   return note;
 }
 
+// The io_error of a read that failed while warming `what` (MODEL at COMMIT12), about the file's
+// repository path (under the revision's folder `dir`).
+Error read_error(const warm::ReadFailure& f, const std::filesystem::path& dir, const std::string& what) {
+  const std::string file = f.path.lexically_relative(dir).generic_string();
+  return make_error(Errc::io_error,
+                    fmt::format("cannot read {} of {}, at byte {}: {}", file, what, f.offset, std::strerror(f.err)),
+                    {file});
+}
+
 // What one warming job found: the report, the budget, or why it could not start.
 struct Job {
   Result<std::uint64_t> budget = std::uint64_t{0};
@@ -148,6 +158,8 @@ asio::awaitable<Result<Warmed>> warm_revision(Services& s, const config::ModelCo
   *alive = false;
   if (!job.budget) co_return job.budget.error();
   if (job.report.stopped) co_return make_error(Errc::cancelled, "cancelled while warming");
+  if (job.report.read_failure)
+    co_return read_error(*job.report.read_failure, s.store.revision_dir(model.name, commit), what);
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   Warmed w{report_of(job.report.totals), closing_note(job.report, *job.budget, took)};
   sys::log(sys::Level::notice, fields, w.note);

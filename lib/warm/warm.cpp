@@ -157,11 +157,16 @@ struct Block {
   std::uint64_t offset, length;
 };
 
+ssize_t pread_at(int fd, void* buffer, std::size_t n, std::uint64_t offset) {
+  return ::pread(fd, buffer, n, static_cast<off_t>(offset));
+}
+
 // The state the reader threads share.
 class Readers {
  public:
   Readers(const Options& o, const ProgressFn& progress, Stop& stop, Progress totals)
-      : options_(o), progress_(progress), stop_(stop), totals_(totals), start_(Clock::now()) {}
+      : options_(o), progress_(progress), stop_(stop), totals_(totals), start_(Clock::now()),
+        read_(o.read ? o.read : ReadFn(pread_at)) {}
 
   // Reads `blocks` of `files` with options.readers threads; returns the bytes read.
   std::uint64_t run(const std::vector<Chosen>& files, const std::vector<Block>& blocks) {
@@ -173,33 +178,53 @@ class Readers {
     return warmed_.load();
   }
 
+  // The first read error a reader met, if any; call after run().
+  std::optional<ReadFailure> failure() {
+    std::lock_guard lock(failure_mutex_);
+    return failure_;
+  }
+
  private:
+  // Whether the readers should end: a stop request, or a read error of any of them.
+  bool halted() const noexcept { return stop_.requested() || failed_.load(std::memory_order_relaxed); }
+
   void read_blocks(const std::vector<Chosen>& files, const std::vector<Block>& blocks) {
     std::vector<char> buffer(options_.block);
     std::vector<unsigned char> vec;
     for (;;) {
       const std::size_t i = next_.fetch_add(1);
-      if (i >= blocks.size() || stop_.requested()) return;
+      if (i >= blocks.size() || halted()) return;
       const Block& b = blocks[i];
       const Chosen& f = files[b.file];
-      // Only what mincore shows missing is read; an error leaves the rest to the server's own reads.
-      for_each_run(f.fd.get(), b.offset, b.length, f.size, false, vec, [&](std::uint64_t off, std::uint64_t len) {
-        if (!stop_.requested()) read_run(f.fd.get(), off, len, buffer);
-      });
+      // Only what mincore shows missing is read; when it cannot tell, the whole block is.
+      const bool measured =
+          for_each_run(f.fd.get(), b.offset, b.length, f.size, false, vec, [&](std::uint64_t off, std::uint64_t len) {
+            if (!halted()) read_run(f, off, len, buffer);
+          });
+      if (!measured && !halted()) read_run(f, b.offset, b.length, buffer);
       report(false);
     }
   }
 
-  void read_run(int fd, std::uint64_t off, std::uint64_t len, std::vector<char>& buffer) {
-    while (len > 0 && !stop_.requested()) {
+  void read_run(const Chosen& f, std::uint64_t off, std::uint64_t len, std::vector<char>& buffer) {
+    while (len > 0 && !halted()) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, buffer.size()));
       if (!pace(n)) return;
-      const ssize_t got = ::pread(fd, buffer.data(), n, static_cast<off_t>(off));
-      if (got <= 0) return;
+      const ssize_t got = read_(f.fd.get(), buffer.data(), n, off);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return fail(f.path, off, errno);
+      if (got == 0) return;  // the file ended early (shrunk meanwhile): what is there is warmed
       warmed_ += static_cast<std::uint64_t>(got);
       off += static_cast<std::uint64_t>(got);
       len -= static_cast<std::uint64_t>(got);
     }
+  }
+
+  // Records the first read error and ends every reader after the blocks in flight.
+  void fail(const std::filesystem::path& path, std::uint64_t offset, int err) {
+    std::lock_guard lock(failure_mutex_);
+    if (!failure_) failure_ = ReadFailure{path, offset, err};
+    failed_ = true;
   }
 
   // Waits until reading `n` more bytes keeps within max_bytes_per_s; false when stopped meanwhile.
@@ -228,9 +253,13 @@ class Readers {
   Stop& stop_;
   const Progress totals_;
   const Clock::time_point start_;
+  const ReadFn read_;
   std::atomic<std::size_t> next_{0};
   std::atomic<std::uint64_t> warmed_{0};
   std::atomic<std::uint64_t> reserved_{0};
+  std::atomic<bool> failed_{false};
+  std::mutex failure_mutex_;
+  std::optional<ReadFailure> failure_;
   std::mutex progress_mutex_;
   Clock::time_point last_progress_{};
 };
@@ -289,7 +318,8 @@ Report warm_files(const std::vector<std::filesystem::path>& files, const Options
   Readers readers(o, progress, stop, report.totals);
   report.totals.bytes_warmed = readers.run(chosen, blocks);
   report.stopped = stop.requested();
-  if (!report.stopped)
+  report.read_failure = readers.failure();
+  if (!report.stopped && !report.read_failure)
     for (const auto& c : chosen) report.warmed.push_back(c.path);
   return report;
 }

@@ -13,9 +13,12 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <sys/types.h>
 
 namespace modeld::warm {
 
@@ -58,6 +61,10 @@ class Stop {
   std::condition_variable cv_;
 };
 
+/// Reads up to `n` bytes at byte `offset` of `fd` into `buffer`, as pread(2) does: the bytes read,
+/// 0 at the file's end, -1 with errno set on an error. Blocks.
+using ReadFn = std::function<ssize_t(int fd, void* buffer, std::size_t n, std::uint64_t offset)>;
+
 /// How a warmer reads.
 struct Options {
   std::uint64_t budget = 0;               ///< most bytes it may read into the page cache
@@ -65,6 +72,7 @@ struct Options {
   std::size_t block = 8u << 20;           ///< bytes per pread (one reusable buffer per reader)
   std::uint64_t max_bytes_per_s = 0;      ///< read rate limit over all readers; 0: the disk's speed
   std::chrono::milliseconds progress_every{250};  ///< least time between two progress calls
+  ReadFn read;                            ///< how blocks are read; empty: pread(2) (tests inject faults here)
 };
 
 /// What a warmer found and read so far, in bytes, over the files it was given.
@@ -81,6 +89,13 @@ struct Skipped {
   std::string reason;
 };
 
+/// A read that failed while warming: an error other than EINTR (those are retried), e.g. EIO.
+struct ReadFailure {
+  std::filesystem::path path;  ///< the file, as given
+  std::uint64_t offset = 0;    ///< the byte of the file the failed read started at
+  int err = 0;                 ///< its errno
+};
+
 /// The outcome of a warmer's run.
 struct Report {
   Progress totals;
@@ -88,6 +103,7 @@ struct Report {
   std::vector<Skipped> skipped;               ///< in the order given
   bool budget_reached = false;                ///< some file did not fit in the budget
   bool stopped = false;                       ///< a stop request ended it early
+  std::optional<ReadFailure> read_failure;    ///< the first read error, which ended it early (warmed then empty)
 };
 
 /// Called with the running totals (from the calling thread once residency is measured, then from
@@ -99,7 +115,8 @@ using ProgressFn = std::function<void(const Progress&)>;
 /// file that does not fit and every later one are skipped ("RAM budget"). A file that cannot be
 /// opened is skipped with its error and the others still warmed. `options.readers` threads of
 /// its own pread `options.block` bytes at a time, skipping pages mincore shows resident; a stop
-/// request ends it after the blocks in flight. Blocks until done (run it off the event loop).
+/// request ends it after the blocks in flight, and so does a read error (report.read_failure:
+/// an error is not a skip). Blocks until done (run it off the event loop).
 Report warm_files(const std::vector<std::filesystem::path>& files, const Options& options, const ProgressFn& progress,
                   Stop& stop);
 

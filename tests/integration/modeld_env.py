@@ -75,6 +75,31 @@ def small_disk(work: Path, size: int, name: str = "modeld-test-small"):
         subprocess.run(["umount", "-l", str(models)], check=False)
 
 
+@contextlib.contextmanager
+def fuse_models(work: Path):
+    """WORK/models as tests/fixtures/slow_fs.py (a FUSE file system mirroring WORK/models-backing:
+    a disk that stalls or has bad sectors, steered through the folder WORK/slow-fs), run by the
+    test on the host and mounted before the namespaced systemd boots, so modeld and the model
+    servers see it too, and the test reads it at the same path; unmounted afterwards; yields WORK."""
+    models, backing, control = work / "models", work / "models-backing", work / "slow-fs"
+    for d in (models, backing, control):
+        d.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([PYTHON, str(FIXTURES / "slow_fs.py"), str(backing), str(models), str(control)])
+    try:
+        def mounted() -> bool:
+            assert proc.poll() is None, f"slow_fs.py exited with {proc.returncode}"
+            return (control / "ready").exists()
+        wait_for("the FUSE file system to be mounted", mounted, timeout=30)
+        yield work
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(models)], check=False)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def write_control(path: Path, **faults) -> None:
     """Replaces the hub's --control settings at `path` (atomically: the hub never reads half a file)."""
     tmp = path.with_suffix(".tmp")

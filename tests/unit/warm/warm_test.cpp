@@ -5,10 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -302,6 +306,117 @@ TEST_CASE("a file that cannot be opened is skipped with its error and the others
   CHECK(report.skipped[0].reason.find("absent") != std::string::npos);
   CHECK(report.warmed == std::vector<fs::path>{p});
   CHECK(resident(p) == 1 * MiB);
+}
+
+// A read function for warm::Options::read: pread(2), except that reads of `bad` starting at or
+// past byte `from` answer -1 with `err`; records each read's (file descriptor, offset).
+struct FaultyReads {
+  fs::path bad;
+  std::uint64_t from = 0;
+  int err = EIO;
+  std::mutex mutex;
+  std::vector<std::pair<int, std::uint64_t>> seen;
+  int bad_fd = -1;
+
+  warm::ReadFn fn() {
+    return [this](int fd, void* buffer, std::size_t n, std::uint64_t offset) -> ssize_t {
+      {
+        std::lock_guard lock(mutex);
+        seen.emplace_back(fd, offset);
+        if (fd_is(fd, bad) && offset >= from) {
+          bad_fd = fd;
+          errno = err;
+          return -1;
+        }
+      }
+      return ::pread(fd, buffer, n, static_cast<off_t>(offset));
+    };
+  }
+
+  // Whether `fd` is open on `p` (same device and inode).
+  static bool fd_is(int fd, const fs::path& p) {
+    struct stat a {}, b {};
+    return ::fstat(fd, &a) == 0 && ::stat(p.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  }
+};
+
+TEST_CASE("a read error ends warming with the file, the offset and the errno, and no file counts as warmed") {
+  Folder f;
+  const auto a = f.cold_file("a.safetensors", 4 * MiB), b = f.cold_file("b.safetensors", 4 * MiB),
+             c = f.cold_file("c.safetensors", 4 * MiB);
+  FaultyReads faults;
+  faults.bad = b;
+  faults.from = 2 * MiB;  // a bad sector 2 MiB into b
+  warm::Stop stop;
+  warm::Options o = options(64 * MiB);
+  o.block = 1 * MiB;
+  o.readers = 1;  // one reader: the reads come in order, none after the failed one
+  o.read = faults.fn();
+  auto report = warm::warm_files({a, b, c}, o, {}, stop);
+  REQUIRE(report.read_failure.has_value());
+  CHECK(report.read_failure->path == b);
+  // Where the first read at or past 2 MiB started (the kernel's readahead may have brought a few pages past it).
+  CHECK(report.read_failure->offset >= 2 * MiB);
+  CHECK(report.read_failure->offset < 4 * MiB);
+  CHECK(report.read_failure->err == EIO);
+  CHECK(report.warmed.empty());
+  CHECK(report.skipped.empty());  // an error is not a skip
+  CHECK_FALSE(report.stopped);
+  CHECK_FALSE(report.budget_reached);
+  CHECK(resident(a) == 4 * MiB);  // what came before the error was read
+  CHECK(resident(c) == 0);        // nothing after it
+  REQUIRE_FALSE(faults.seen.empty());
+  CHECK(faults.seen.back() == std::pair<int, std::uint64_t>{faults.bad_fd, report.read_failure->offset});
+  CHECK(resident(b) < 4 * MiB);
+}
+
+TEST_CASE("a read error stops every reader, not only the one that met it") {
+  Folder f;
+  std::vector<fs::path> files;
+  for (int i = 0; i < 8; ++i) files.push_back(f.cold_file("shard-" + std::to_string(i), 4 * MiB));
+  FaultyReads faults;
+  faults.bad = files[0];  // every block of the first file fails, the first ones the readers take
+  faults.err = ENXIO;
+  warm::Stop stop;
+  warm::Options o = options(64 * MiB);
+  o.block = 1 * MiB;
+  o.readers = 4;
+  o.read = faults.fn();
+  auto report = warm::warm_files(files, o, {}, stop);
+  REQUIRE(report.read_failure.has_value());
+  CHECK(report.read_failure->path == files[0]);
+  CHECK(report.read_failure->offset % MiB == 0);  // the start of whichever of its blocks failed first
+  CHECK(report.read_failure->offset < 4 * MiB);
+  CHECK(report.read_failure->err == ENXIO);
+  CHECK(report.warmed.empty());
+  // The other readers end after the blocks in flight (at most one each): the last files stay cold.
+  CHECK(report.totals.bytes_warmed <= 3 * MiB);
+  CHECK(resident(files.back()) == 0);
+}
+
+TEST_CASE("an interrupted read (EINTR) is tried again and warming completes") {
+  Folder f;
+  const auto p = f.cold_file("interrupted", 4 * MiB);
+  std::mutex mutex;
+  std::set<std::uint64_t> interrupted;  // each offset is interrupted once, then read
+  warm::Stop stop;
+  warm::Options o = options(64 * MiB);
+  o.block = 1 * MiB;
+  o.read = [&](int fd, void* buffer, std::size_t n, std::uint64_t offset) -> ssize_t {
+    {
+      std::lock_guard lock(mutex);
+      if (interrupted.insert(offset).second) {
+        errno = EINTR;
+        return -1;
+      }
+    }
+    return ::pread(fd, buffer, n, static_cast<off_t>(offset));
+  };
+  auto report = warm::warm_files({p}, o, {}, stop);
+  CHECK_FALSE(report.read_failure.has_value());
+  CHECK(report.warmed == std::vector<fs::path>{p});
+  CHECK_FALSE(interrupted.empty());
+  CHECK(resident(p) == 4 * MiB);
 }
 
 TEST_CASE("resident bytes agree with mincore, are capped at the file's size and follow a truncation") {
