@@ -61,11 +61,11 @@ def module(env: ModeldEnv, *, check: bool = False, **params) -> dict:
     return parse(subprocess.run(argv, env=env.ansible_env, capture_output=True, text=True, timeout=300))
 
 
-def spawn(env: ModeldEnv, **params) -> subprocess.Popen:
+def spawn(env: ModeldEnv, *, check: bool = False, **params) -> subprocess.Popen:
     params.setdefault("modelctl", str(env.modelctl_bin))
     params.setdefault("socket", str(env.socket))
     argv = ["ansible", "localhost", "-c", "local", "-i", "localhost,", "-m", "modeld.fleet.modeld_deploy",
-            "-a", json.dumps(params)]
+            "-a", json.dumps(params)] + (["--check"] if check else [])
     return subprocess.Popen(argv, env=env.ansible_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -173,8 +173,9 @@ def logging_modelctl(env: ModeldEnv, folder, calls) -> str:
 
 
 def commands_run(calls) -> list[str]:
-    """The modelctl commands the module ran, oldest first (each line's last word: status, deploy...)."""
-    return [line.split()[-1] for line in calls.read_text().splitlines()] if calls.exists() else []
+    """The modelctl commands the module ran, oldest first (status, deploy, rm...: the word after
+    `--json --socket S`, which module() and spawn() always pass)."""
+    return [line.split()[3] for line in calls.read_text().splitlines()] if calls.exists() else []
 
 
 def revisions_on_disk(env: ModeldEnv) -> dict:
@@ -206,7 +207,7 @@ def test_a_branch_deploy_still_resolving_is_not_taken_for_a_deploy_of_another_co
     finally:
         write_control(env.hub_control)
     r = parse(task.communicate(timeout=300))
-    assert not r.get("failed"), r
+    assert not r.get("failed"), r.get("msg")
     assert r["deployment"]["id"] != branch["id"], f"the module reported the branch deploy as its own: {r}"
     assert r["commit"] == asked and r["deployment"]["state"] == "succeeded" and r["changed"] is True, r
     other = json.loads(env.api("GET", f"/v1/deployments/{branch['id']}")[2])
@@ -215,6 +216,8 @@ def test_a_branch_deploy_still_resolving_is_not_taken_for_a_deploy_of_another_co
 
 
 def test_check_mode_rm_of_the_serving_commit_predicts_the_refusal_and_changes_nothing(env):
+    if serving(env, "m") is None:  # run alone: nothing serves yet
+        env.deploy_and_wait("m")
     commit = serving(env, "m")
     assert commit, env.status()
     models = revisions_on_disk(env)
@@ -230,3 +233,39 @@ def test_check_mode_rm_of_the_serving_commit_predicts_the_refusal_and_changes_no
     assert real.get("failed") and real.get("error_code") == "model_active", real
     unknown = module(env, check=True, name="nonesuch", commit=commit, action="rm")
     assert unknown.get("failed") and "no model named nonesuch" in unknown["msg"], unknown
+
+
+def test_rm_waits_while_a_pull_of_the_model_runs_then_removes(env, tmp_path):
+    kept = push(env, "acme/m", 63)
+    assert module(env, name="m", commit=kept, action="pull")["changed"] is True
+    # Check mode waits as the real run does (modeld refuses an rm while a pull of m runs): it
+    # predicts only once the pull has ended.
+    predicted, _ = rm_during_a_held_pull(env, tmp_path / "check", kept, check=True, waited="status")
+    assert not predicted.get("failed") and predicted["changed"] is True, predicted.get("msg", predicted)
+    assert kept in [c for c, _ in revisions_on_disk(env)["m"]]
+    # The real run is refused (409 deployment_running), tries again, and removes it after the pull.
+    r, pull = rm_during_a_held_pull(env, tmp_path / "real", kept, check=False, waited="rm")
+    assert not r.get("failed") and r["changed"] is True, r.get("msg", r)
+    assert kept not in [c for c, _ in revisions_on_disk(env)["m"]]
+    assert json.loads(env.api("GET", f"/v1/deployments/{pull['id']}")[2])["state"] == "succeeded"
+
+
+def rm_during_a_held_pull(env: ModeldEnv, folder, commit: str, *, check: bool, waited: str) -> tuple[dict, dict]:
+    """Runs the module's rm of `commit` while a pull of a new commit of m is held, until it has run
+    modelctl `waited` twice (it waits), then lets the pull end; returns (its result, the pull)."""
+    folder.mkdir()
+    calls = folder / "modelctl-calls"
+    write_control(env.hub_control, hold="acme/m/*")
+    try:
+        pull = json.loads(env.modelctl("--json", "pull", "m", "--commit", push(env, "acme/m", 70 + check)).stdout)
+        wait_for("a held download", lambda: env.hub.stats()["held"] >= 1, timeout=60)
+        task = spawn(env, check=check, name="m", commit=commit, action="rm", busy_timeout=240, poll_interval=1,
+                     modelctl=logging_modelctl(env, folder, calls))
+        wait_for(f"the module running {waited} twice, or ending",
+                 lambda: task.poll() is not None or commands_run(calls).count(waited) >= 2, timeout=60)
+        assert task.poll() is None, f"the module ended while the pull ran: {parse(task.communicate())}"
+        assert env.status()["deployment"]["id"] == pull["id"]
+        assert commit in [c for c, _ in revisions_on_disk(env)["m"]]
+    finally:
+        write_control(env.hub_control)
+    return parse(task.communicate(timeout=300)), pull
