@@ -2,8 +2,10 @@
 a namespaced systemd with the bundled hub, run by Debian's ansible as an operator would
 (`ansible localhost -c local -m modeld.fleet.modeld_deploy`): real `changed` from the record,
 check mode predicting it through `plan`, reattachment to a running record of the same kind by
-its id, a busy host waited for within busy_timeout, rm of a revision, and a failed record
-failing the task with its error."""
+its id (and never to someone else's: a branch deploy still resolving its commit is not a deploy
+of another commit), a busy host waited for within busy_timeout, rm of a revision (check mode
+predicting the refusal of the commit in service), and a failed record failing the task with its
+error."""
 
 from __future__ import annotations
 
@@ -59,11 +61,11 @@ def module(env: ModeldEnv, *, check: bool = False, **params) -> dict:
     return parse(subprocess.run(argv, env=env.ansible_env, capture_output=True, text=True, timeout=300))
 
 
-def spawn(env: ModeldEnv, **params) -> subprocess.Popen:
+def spawn(env: ModeldEnv, *, check: bool = False, **params) -> subprocess.Popen:
     params.setdefault("modelctl", str(env.modelctl_bin))
     params.setdefault("socket", str(env.socket))
     argv = ["ansible", "localhost", "-c", "local", "-i", "localhost,", "-m", "modeld.fleet.modeld_deploy",
-            "-a", json.dumps(params)]
+            "-a", json.dumps(params)] + (["--check"] if check else [])
     return subprocess.Popen(argv, env=env.ansible_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -160,3 +162,110 @@ def test_a_failed_deployment_fails_the_task_with_its_error(env):
     assert r["deployment"]["state"] in ("failed", "rolled_back"), r
     bad = module(env, name="m", commit="main")
     assert bad.get("failed") and "40 lowercase hex" in bad["msg"], bad
+
+
+def logging_modelctl(env: ModeldEnv, folder, calls) -> str:
+    """A modelctl that appends its arguments to `calls` (one line per run), then runs the real one."""
+    wrapper = folder / "modelctl-logged"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {env.modelctl_bin} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def commands_run(calls) -> list[str]:
+    """The modelctl commands the module ran, oldest first (status, deploy, rm...: the word after
+    `--json --socket S`, which module() and spawn() always pass)."""
+    return [line.split()[3] for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def revisions_on_disk(env: ModeldEnv) -> dict:
+    """{model: [(commit, state), ...]} from `modelctl models`."""
+    models = json.loads(env.modelctl("--json", "models").stdout)["models"]
+    return {m["name"]: [(r["commit"], r["state"]) for r in m.get("revisions") or []] for m in models}
+
+
+def serving(env: ModeldEnv, model: str) -> str | None:
+    return next((s["commit"] for s in env.status().get("services") or [] if s["model"] == model), None)
+
+
+def test_a_branch_deploy_still_resolving_is_not_taken_for_a_deploy_of_another_commit(env, tmp_path):
+    asked = push(env, "acme/m", 61)
+    head = push(env, "acme/m", 62)  # the branch moved on: a deploy of the branch ends on `head`
+    calls = tmp_path / "modelctl-calls"
+    write_control(env.hub_control, listing_hold="acme/m/*")
+    try:
+        branch = json.loads(env.modelctl("--json", "deploy", "m").stdout)
+        wait_for("the branch deploy held resolving its revision", lambda: env.hub.stats()["held"] >= 1, timeout=60)
+        task = spawn(env, name="m", commit=asked, busy_timeout=240, poll_interval=1,
+                     modelctl=logging_modelctl(env, tmp_path, calls))
+        # The module has looked at the running record and decided: it follows it, or looks again.
+        wait_for("the module following the branch deploy or waiting for it",
+                 lambda: task.poll() is None and (_follower(branch["id"]) or commands_run(calls).count("status") >= 2),
+                 timeout=60)
+        running = env.status()["deployment"]
+        assert running["id"] == branch["id"] and running["commit"] is None, running
+    finally:
+        write_control(env.hub_control)
+    r = parse(task.communicate(timeout=300))
+    assert not r.get("failed"), r.get("msg")
+    assert r["deployment"]["id"] != branch["id"], f"the module reported the branch deploy as its own: {r}"
+    assert r["commit"] == asked and r["deployment"]["state"] == "succeeded" and r["changed"] is True, r
+    other = json.loads(env.api("GET", f"/v1/deployments/{branch['id']}")[2])
+    assert other["state"] == "succeeded" and other["commit"] == head, other
+    assert serving(env, "m") == asked
+
+
+def test_check_mode_rm_of_the_serving_commit_predicts_the_refusal_and_changes_nothing(env):
+    if serving(env, "m") is None:  # run alone: nothing serves yet
+        env.deploy_and_wait("m")
+    commit = serving(env, "m")
+    assert commit, env.status()
+    models = revisions_on_disk(env)
+    history = json.loads(env.api("GET", "/v1/deployments")[2])["deployments"]
+    pid = env.main_pid("modeld-serve@m.service")
+    predicted = module(env, check=True, name="m", commit=commit, action="rm")
+    assert predicted.get("failed") and predicted["changed"] is False, predicted
+    assert commit in predicted["msg"] and "in service" in predicted["msg"] and "model_active" in predicted["msg"], predicted
+    assert revisions_on_disk(env) == models
+    assert json.loads(env.api("GET", "/v1/deployments")[2])["deployments"] == history
+    assert env.main_pid("modeld-serve@m.service") == pid and serving(env, "m") == commit
+    real = module(env, name="m", commit=commit, action="rm")
+    assert real.get("failed") and real.get("error_code") == "model_active", real
+    unknown = module(env, check=True, name="nonesuch", commit=commit, action="rm")
+    assert unknown.get("failed") and "no model named nonesuch" in unknown["msg"], unknown
+
+
+def test_rm_waits_while_a_pull_of_the_model_runs_then_removes(env, tmp_path):
+    kept = push(env, "acme/m", 63)
+    assert module(env, name="m", commit=kept, action="pull")["changed"] is True
+    # Check mode waits as the real run does (modeld refuses an rm while a pull of m runs): it
+    # predicts only once the pull has ended.
+    predicted, _ = rm_during_a_held_pull(env, tmp_path / "check", kept, check=True, waited="status")
+    assert not predicted.get("failed") and predicted["changed"] is True, predicted.get("msg", predicted)
+    assert kept in [c for c, _ in revisions_on_disk(env)["m"]]
+    # The real run is refused (409 deployment_running), tries again, and removes it after the pull.
+    r, pull = rm_during_a_held_pull(env, tmp_path / "real", kept, check=False, waited="rm")
+    assert not r.get("failed") and r["changed"] is True, r.get("msg", r)
+    assert kept not in [c for c, _ in revisions_on_disk(env)["m"]]
+    assert json.loads(env.api("GET", f"/v1/deployments/{pull['id']}")[2])["state"] == "succeeded"
+
+
+def rm_during_a_held_pull(env: ModeldEnv, folder, commit: str, *, check: bool, waited: str) -> tuple[dict, dict]:
+    """Runs the module's rm of `commit` while a pull of a new commit of m is held, until it has run
+    modelctl `waited` twice (it waits), then lets the pull end; returns (its result, the pull)."""
+    folder.mkdir()
+    calls = folder / "modelctl-calls"
+    write_control(env.hub_control, hold="acme/m/*")
+    try:
+        pull = json.loads(env.modelctl("--json", "pull", "m", "--commit", push(env, "acme/m", 70 + check)).stdout)
+        wait_for("a held download", lambda: env.hub.stats()["held"] >= 1, timeout=60)
+        task = spawn(env, check=check, name="m", commit=commit, action="rm", busy_timeout=240, poll_interval=1,
+                     modelctl=logging_modelctl(env, folder, calls))
+        wait_for(f"the module running {waited} twice, or ending",
+                 lambda: task.poll() is not None or commands_run(calls).count(waited) >= 2, timeout=60)
+        assert task.poll() is None, f"the module ended while the pull ran: {parse(task.communicate())}"
+        assert env.status()["deployment"]["id"] == pull["id"]
+        assert commit in [c for c, _ in revisions_on_disk(env)["m"]]
+    finally:
+        write_control(env.hub_control)
+    return parse(task.communicate(timeout=300)), pull

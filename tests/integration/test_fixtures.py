@@ -911,6 +911,26 @@ def test_listing_synthetic_delay_and_drip_shape_the_listing(start_hub, tmp_path)
     assert time.monotonic() - t0 >= 0.5
 
 
+
+def test_listing_hold_keeps_a_listing_unanswered_until_the_control_file_releases_it(start_hub, tmp_path):
+    import threading
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"listing_hold": f"{REPO}/*"}))
+    hub = start_hub("--control", control)
+    answers = {}
+    held = threading.Thread(target=lambda: answers.update(
+        held=fetch(f"{hub.url}/api/models/{REPO}/revision/main", timeout=60)[0]))
+    held.start()
+    wait_for(lambda: stats(hub)["held"] == 1, 10, "the held listing")
+    # Only listings of the matched repository wait: another repository's answers at once.
+    assert fetch(f"{hub.url}/api/models/other-org/none/revision/main")[0] == 401  # unknown, as the Hub
+    assert held.is_alive() and "held" not in answers
+    tmp = tmp_path / "faults.tmp"
+    tmp.write_text(json.dumps({}))
+    os.replace(tmp, control)
+    held.join(30)
+    assert answers == {"held": 200} and stats(hub)["held"] == 0
+
 def test_tls_serves_both_origins_with_the_given_certificate(start_hub, tmp_path, repos):
     import ssl
     from modeld_env import make_ca, make_leaf
