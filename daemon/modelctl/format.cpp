@@ -397,6 +397,29 @@ std::string files(std::uint64_t n) { return fmt::format("{} file{}", n, n == 1 ?
 
 }  // namespace
 
+bool preflight_passed(const json& plan) {
+  const auto& checks = plan.value("preflight", json::array());
+  return std::all_of(checks.begin(), checks.end(), [](const json& c) { return c.value("ok", false); });
+}
+
+namespace {
+
+// The plan's "Pre-flight:" block, one line per check; "" for a daemon that sends none.
+std::string preflight_text(const json& p, const Style& style) {
+  const auto& checks = p.value("preflight", json::array());
+  if (checks.empty()) return {};
+  std::string out = "  Pre-flight:\n";
+  for (const auto& c : checks) {
+    const bool ok = c.value("ok", false);
+    std::string verdict = ok ? "ok" : "FAILED";
+    if (style.color) verdict = fmt::format("\x1b[{}m{}\x1b[0m", ok ? 32 : 31, verdict);
+    out += fmt::format("    {:<8} {}: {}\n", str(c, "check"), verdict, str(c, "message"));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string plan_text(const json& p, const Style& style) {
   std::string out;
   out += fmt::format("Plan for {} ({}@{}, commit {}){}\n", style.bold(str(p, "model")), str(p, "repo"),
@@ -450,6 +473,7 @@ std::string plan_text(const json& p, const Style& style) {
     out += "  Warming:    off for this model\n";
   else if (!warming.empty())
     out += "  Warming:    before the old model stops, while it serves\n";
+  out += preflight_text(p, style);
   const std::string active = str(p, "active_model", "");
   if (active.empty())
     out += "  Rollback:   - (no model active)\n";

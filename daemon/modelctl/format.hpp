@@ -86,8 +86,12 @@ std::string models_table(const nlohmann::json& models, const Style& style);
 
 /// The body of GET /v1/models/{name}/plan as a short table: files and bytes to fetch, local,
 /// partial, free, reserve, evictions, "fits" or "does not fit by X" (with bytes needed and
-/// available), and whether rollback stays possible.
+/// available), the pre-flight (a "Pre-flight:" block, one "ok"/"FAILED" line per check), and
+/// whether rollback stays possible.
 std::string plan_text(const nlohmann::json& plan, const Style& style);
+
+/// Whether every pre-flight check of a plan passed (true for a plan without "preflight").
+bool preflight_passed(const nlohmann::json& plan);
 
 /// The body of POST /v1/models/{name}/verify: one summary line, then one line per problem.
 std::string verify_text(const nlohmann::json& report, const Style& style);

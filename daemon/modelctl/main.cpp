@@ -413,7 +413,7 @@ int cmd_plan(Context& c, const std::string& name, bool allow_downtime, const std
   return model_command(
       c, "GET", model_target(name) + "/plan" + (params.empty() ? "" : fmt::format("?{}", fmt::join(params, "&"))),
       [&](const json& j) { return modelctl::plan_text(j, c.style); },
-      [](const json& j) { return j.value("fits", false); });
+      [](const json& j) { return j.value("fits", false) && modelctl::preflight_passed(j); });
 }
 
 int cmd_verify(Context& c, const std::string& name) {

@@ -637,6 +637,8 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
 }
 
 json plan_json(const deploy::PlanReport& p) {
+  json preflight = json::array();
+  for (const auto& c : p.preflight) preflight.push_back({{"check", c.check}, {"ok", c.ok}, {"message", c.message}});
   json evictions = json::array();
   for (const auto& e : p.evictions)
     evictions.push_back({{"name", e.name},
@@ -670,7 +672,8 @@ json plan_json(const deploy::PlanReport& p) {
               {"stops", p.stops},
               {"rollback_possible", p.rollback_possible},
               {"warming", p.warming},
-              {"fits_with_allow_downtime", p.fits_with_allow_downtime}};
+              {"fits_with_allow_downtime", p.fits_with_allow_downtime},
+              {"preflight", std::move(preflight)}};
 }
 
 json verify_json(const deploy::VerifyReport& r) {

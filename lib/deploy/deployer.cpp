@@ -1,4 +1,5 @@
 #include "deploy/deployer.hpp"
+#include "deploy/preflight.hpp"
 #include "deploy/redeploy.hpp"
 #include "util/json.hpp"
 
@@ -1558,8 +1559,8 @@ asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig
                                                        std::optional<std::string> commit) {
   std::optional<std::string> active;
   if (const auto* last = state_.active.last()) active = last->model;
-  const Serving serving{models_of(state_.active.services),
-                        models_of(conflicting(state_.active.services, placement_of(m), *services_.config))};
+  const auto stopped = conflicting(state_.active.services, placement_of(m), *services_.config);
+  const Serving serving{models_of(state_.active.services), models_of(stopped)};
   const auto last_active = state_.last_active;
   const auto pulled = state_.pulled;
   const std::string revision = commit.value_or(m.revision);
@@ -1571,6 +1572,9 @@ asio::awaitable<Result<PlanReport>> Deployer::plan_now(const config::ModelConfig
   d.commit = report->commit;
   const Run run{.record = d, .model = m};
   report->already_serving = !(co_await why_not_noop(d, run));
+  std::vector<Placement> stops;
+  for (const auto& a : stopped) stops.push_back(placement_of(a, services_.config->find_model(a.model)));
+  report->preflight = co_await run_preflight(services_, m, stops);
   co_return report;
 }
 

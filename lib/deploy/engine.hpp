@@ -55,6 +55,14 @@ struct PlannedEviction {
   bool active = false;                     ///< a model in service that the deployment stops (only with allow_downtime)
 };
 
+/// One check of the pre-flight (interface.md "Pre-flight"): what a deployment checks before it
+/// stops anything.
+struct PreflightCheck {
+  std::string check;    ///< "command", "gpus" or "port"
+  bool ok = true;       ///< passed, or could not be checked (the message says which)
+  std::string message;  ///< a sentence; a failure names the key (models.NAME.serve.port) and its file
+};
+
 /// The outcome of a dry run of planning and freeing_disk (GET /v1/models/{name}/plan).
 /// All sizes in bytes.
 struct PlanReport {
@@ -91,6 +99,8 @@ struct PlanReport {
   /// A deployment of this commit would end succeeded with changed false: the model serves it with
   /// the same started settings, its unit is active, its files match and its probe passes.
   bool already_serving = false;
+  /// The pre-flight a deployment runs in planning and before stopping_old, in order.
+  std::vector<PreflightCheck> preflight;
 };
 
 /// One thing wrong with a model on disk (POST /v1/models/{name}/verify).

@@ -170,6 +170,18 @@ asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, const Run& run)
   co_return Result<void>{};
 }
 
+asio::awaitable<GpuVisibility> gpus_visible(Services& s, const config::ServeConfig& serve) {
+  using V = GpuVisibility::Verdict;
+  if (serve.gpu_ids ? serve.gpu_ids->empty() : serve.gpus == 0)
+    co_return GpuVisibility{V::visible, "no GPU needed"};
+  auto snap = co_await snapshot(s);
+  if (!snap) co_return GpuVisibility{V::unknown, snap.error().message};
+  auto r = serve.gpu_ids ? gpu::check_free_on(*snap, *serve.gpu_ids, 0) : gpu::check_free(*snap, serve.gpus, 0);
+  if (!r) co_return GpuVisibility{V::not_visible, r.error().message};
+  co_return GpuVisibility{V::visible, serve.gpu_ids ? fmt::format("GPU {} visible", gpu::describe_indices(serve.gpu_ids))
+                                                    : fmt::format("{} GPU(s) visible", (*snap)->gpus.size())};
+}
+
 asio::awaitable<Result<std::vector<std::string>>> gpu_uuids(Services& s, const std::vector<unsigned>& ids) {
   if (ids.empty()) co_return std::vector<std::string>{};
   co_return co_await util::on_pool<Result<std::vector<std::string>>>(s.disk_pool, [&] { return nvml().uuids(ids); });

@@ -40,6 +40,21 @@ boost::asio::awaitable<Result<void>> wait_gpu_memory_back(Services& s, const Run
 /// short of memory and who holds it.
 boost::asio::awaitable<Result<void>> check_gpus_for_launch(Services& s, const Run& run);
 
+/// What NVML shows now of the GPUs a server with `serve` takes, memory aside (the pre-flight).
+struct GpuVisibility {
+  enum class Verdict { visible, not_visible, unknown };
+  Verdict verdict = Verdict::visible;
+  /// "GPU 0,1 visible", "GPU 5 is not visible: 2 GPUs", "needs 8 GPUs, 2 visible: ...", the
+  /// "no NVIDIA GPU is visible" of a host without NVML, or NVML's error (unknown).
+  std::string detail;
+};
+
+/// Whether every GPU of `serve.gpu_ids` (without it, the first `serve.gpus`) is visible to NVML
+/// now (NVML read on the disk pool; nothing to check for `gpu_ids = []` or `gpus = 0`). A host
+/// without NVML is not_visible when a GPU is needed (launching would refuse it the same way); an
+/// NVML that fails (Driver Not Loaded, a device query) is unknown. Never an error.
+boost::asio::awaitable<GpuVisibility> gpus_visible(Services& s, const config::ServeConfig& serve);
+
 /// The UUIDs of the GPUs with NVML indices `ids`, in their order, for CUDA_VISIBLE_DEVICES;
 /// remembered for the process (gpu::Nvml::uuids), NVML read on the disk pool when an index was not
 /// seen before. unit_failed naming an index that is not visible, or that no NVIDIA GPU is.

@@ -1,6 +1,7 @@
 // health_checking and benchmarking: readiness of the new server, then an optional measurement.
 #include "deploy/phases.hpp"
 
+#include "deploy/preflight.hpp"
 #include "health/health.hpp"
 #include "units/service_manager.hpp"
 #include "util/files.hpp"
@@ -95,6 +96,10 @@ boost::asio::awaitable<Result<Readiness>> probe_until_ready(Services& s, const c
     sys::logf(sys::Level::info, f, "loading: {} s, last server line: '{}'{}; not ready yet: {}",
               std::chrono::duration_cast<std::chrono::seconds>(p.waited).count(), p.last_line,
               silent >= 2 ? fmt::format(" (nothing new for {} s)", silent) : std::string(), p.last_answer);
+  };
+  const StartedSettings started = started_settings(s, m);
+  options.explain_exit = [&](const units::UnitStatus& st) {
+    return explain_exit(m, started, st, s.config->daemon.service_manager);
   };
   options.on_output_unreadable = [&](const std::string& why) {
     sys::logf(sys::Level::warning, fields, "{}; treating {} as loading while it is alive, ignoring", why, unit);

@@ -2,6 +2,8 @@
 // /proc/PID/fd) and what a process is called.
 #include "deploy/leftovers.hpp"
 
+#include "sys/log.hpp"
+#include "units/service_manager.hpp"
 #include "util/files.hpp"
 #include "util/text.hpp"
 
@@ -78,6 +80,24 @@ std::string describe_processes(const std::vector<ProcessRef>& procs) {
   std::vector<std::string> items;
   for (const auto& p : procs) items.push_back(fmt::format("pid {} ({})", p.pid, p.name.empty() ? "exited" : p.name));
   return fmt::format("{}", fmt::join(items, ", "));
+}
+
+std::optional<PortUse> other_listeners(std::uint16_t port, const std::set<std::uint32_t>& ours, bool may_be_ours) {
+  auto use = port_use(port);
+  if (!use.listening) return std::nullopt;
+  if (use.holders.empty()) return may_be_ours ? std::nullopt : std::optional<PortUse>(use);
+  std::erase_if(use.holders, [&](const ProcessRef& p) { return ours.contains(p.pid); });
+  if (use.holders.empty()) return std::nullopt;
+  return use;
+}
+
+boost::asio::awaitable<std::set<std::uint32_t>> pids_or_none(units::ServiceManager& units, const std::string& unit) {
+  auto pids = co_await units.pids(unit);
+  if (!pids) {
+    sys::logf(sys::Level::warning, "cannot list the processes of {}: {}; counting none", unit, pids.error().message);
+    co_return std::set<std::uint32_t>{};
+  }
+  co_return std::set<std::uint32_t>(pids->begin(), pids->end());
 }
 
 }  // namespace modeld::deploy

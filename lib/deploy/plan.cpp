@@ -1,6 +1,7 @@
 // planning: revision -> commit, file listing, filters, what is still missing.
 #include "deploy/phases.hpp"
 
+#include "deploy/preflight.hpp"
 #include "store/store.hpp"
 #include "util/on_pool.hpp"
 #include "util/test_hooks.hpp"
@@ -252,6 +253,9 @@ boost::asio::awaitable<Result<bool>> decide_order(Services& s, const Run& run, c
 }  // namespace
 
 boost::asio::awaitable<Result<Planned>> run_planning(Services& s, const Run& run, Decisions& decisions) {
+  // Before the Hub and hours of download: what would make the new server fail after the stop.
+  if (run.record.kind == Kind::deploy)
+    if (auto r = co_await preflight_of_run(s, run, "not deploying"); !r) co_return r.error();
   // A resumed deployment keeps the commit it planned, so a push in between cannot mix versions.
   const std::string revision = run.record.commit.value_or(run.model.revision);
   auto listed = co_await list_planned_files(s, run.model, revision);

@@ -5,6 +5,7 @@
 
 #include "deploy/gpu_watch.hpp"
 #include "deploy/leftovers.hpp"
+#include "deploy/preflight.hpp"
 #include "units/service_manager.hpp"
 #include "util/poll.hpp"
 #include "util/quantities.hpp"
@@ -70,29 +71,6 @@ struct Leftovers {
   }
 };
 
-// The processes of `unit`'s control group; none (with a warning) when systemd cannot list them,
-// since the unit state and the ports are checked besides and a transient bus error must not cost
-// the host its model.
-asio::awaitable<Result<std::set<std::uint32_t>>> pids_of(Services& s, const std::string& unit) {
-  auto pids = co_await s.units.pids(unit);
-  if (!pids) {
-    sys::logf(sys::Level::warning, "cannot list the processes of {}: {}; counting none", unit, pids.error().message);
-    co_return std::set<std::uint32_t>{};
-  }
-  co_return std::set<std::uint32_t>(pids->begin(), pids->end());
-}
-
-// Listeners of `port` other than the processes in `ours`; nullopt when there are none. A
-// listener whose holder modeld cannot see (another PID namespace) counts unless it `may_be_ours`.
-std::optional<PortUse> other_listeners(std::uint16_t port, const std::set<std::uint32_t>& ours, bool may_be_ours) {
-  auto use = port_use(port);
-  if (!use.listening) return std::nullopt;
-  if (use.holders.empty()) return may_be_ours ? std::nullopt : std::optional<PortUse>(use);
-  std::erase_if(use.holders, [&](const ProcessRef& p) { return ours.contains(p.pid); });
-  if (use.holders.empty()) return std::nullopt;
-  return use;
-}
-
 // What is left of the stopped services `olds`: processes in their control groups, and listeners
 // of `ports` other than the new model's own service (running already when a restarted daemon
 // continues).
@@ -102,46 +80,16 @@ asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::vector
   bool new_is_old = false;
   for (const auto& o : olds) {
     new_is_old = new_is_old || o.unit == new_unit;
-    auto pids = co_await pids_of(s, o.unit);
-    if (!pids) co_return pids.error();
+    const auto pids = co_await pids_or_none(s.units, o.unit);
     std::vector<ProcessRef> procs;
-    for (auto pid : *pids) procs.push_back({pid, process_name(pid)});
+    for (auto pid : pids) procs.push_back({pid, process_name(pid)});
     if (!procs.empty()) out.in_cgroup.emplace_back(o.unit, std::move(procs));
   }
   std::set<std::uint32_t> ours;
-  if (!new_is_old) {
-    auto n = co_await pids_of(s, new_unit);
-    if (!n) co_return n.error();
-    ours = std::move(*n);
-  }
+  if (!new_is_old) ours = co_await pids_or_none(s.units, new_unit);
   for (auto port : ports)
     if (auto use = other_listeners(port, ours, !ours.empty())) out.ports.emplace_back(port, std::move(*use));
   co_return out;
-}
-
-// The new model's port held by a process that is neither a service being stopped nor the new
-// model's own: stopping them would not free it, so the host would lose those models for nothing.
-asio::awaitable<Result<void>> refuse_foreign_port_holder(Services& s, const Run& run,
-                                                         const std::vector<OldService>& olds) {
-  const auto port = run.model.serve.port;
-  auto ours = co_await pids_of(s, units::serve_unit(run.model.name));
-  if (!ours) co_return ours.error();
-  // A holder modeld cannot see may be the new model's own service, or an old one serving there.
-  bool may_be_ours = !ours->empty();
-  for (const auto& o : olds) {
-    auto old = co_await pids_of(s, o.unit);
-    if (!old) co_return old.error();
-    may_be_ours = may_be_ours || (!old->empty() && o.port == port);
-    ours->insert(old->begin(), old->end());
-  }
-  const auto others = other_listeners(port, *ours, may_be_ours);
-  if (!others) co_return Result<void>{};
-  co_return make_error(
-      Errc::unit_failed,
-      fmt::format("port {} that model {} is to serve on is held by {}, which is not a model service of modeld: {}",
-                  port, run.model.name,
-                  others->holders.empty() ? "a process modeld cannot see" : describe_processes(others->holders),
-                  olds.empty() ? "stop it or change serve.port" : "not stopping the model that serves"));
 }
 
 // Polls until nothing of the stopped services is left (control groups, `ports`), noting what is
@@ -202,11 +150,9 @@ std::vector<config::GpuSet> busy_gpus(const Run& run) {
   return out;
 }
 
-// Nothing is to be stopped: the port checked, the baseline measured on the GPUs no service uses.
+// Nothing is to be stopped (the pre-flight checked the port): the baseline measured on the GPUs
+// no service uses.
 asio::awaitable<Result<Stopped>> nothing_to_stop(Services& s, const Run& run) {
-  // Named, not temporaries: GCC 12 mishandles class temporaries passed to a coroutine.
-  const std::vector<OldService> no_olds;
-  if (auto r = co_await refuse_foreign_port_holder(s, run, no_olds); !r) co_return r.error();
   sys::logf(sys::Level::info, run.fields(), "nothing to stop: no model in service conflicts with {}", run.model.name);
   const config::GpuSet none = std::vector<unsigned>{};
   const auto busy = busy_gpus(run);
@@ -222,14 +168,14 @@ boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run&
   const auto olds = old_services(s, run);
   // What can fail on the new revision's files fails here, while the old models still serve
   // (with downtime_first nothing is downloaded yet, and the old models are to go anyway).
-  if (!run.record.downtime_first && !take_out) {
-    const auto refusing =
-        olds.empty() ? std::string("not launching") : fmt::format("not stopping {}", olds.front().model);
+  const auto refusing = olds.empty() ? std::string("not launching") : fmt::format("not stopping {}", olds.front().model);
+  if (!run.record.downtime_first && !take_out)
     if (auto r = co_await check_still_verified(s, run, refusing); !r) co_return r.error();
-  }
-  if (olds.empty()) co_return co_await nothing_to_stop(s, run);
+  // The pre-flight again, right before the stop: what changed since planning (a program deleted,
+  // a port taken during a download of hours) fails here while the old models still serve.
   if (!take_out)
-    if (auto r = co_await refuse_foreign_port_holder(s, run, olds); !r) co_return r.error();
+    if (auto r = co_await preflight_of_run(s, run, refusing); !r) co_return r.error();
+  if (olds.empty()) co_return co_await nothing_to_stop(s, run);
   // From the moment StopUnit may be sent, the old models may be down: any failure or cancel from
   // here on must bring them back, so this is recorded durably before the stop.
   co_await decisions.stopping_old();
@@ -256,9 +202,8 @@ boost::asio::awaitable<Result<Stopped>> run_stopping_old(Services& s, const Run&
   // memory is not the old one's, and no baseline can be measured under it.
   const auto new_unit = units::serve_unit(run.model.name);
   if (!take_out && std::none_of(olds.begin(), olds.end(), [&](const OldService& o) { return o.unit == new_unit; })) {
-    auto running = co_await pids_of(s, new_unit);
-    if (!running) co_return running.error();
-    if (!running->empty()) {
+    const auto running = co_await pids_or_none(s.units, new_unit);
+    if (!running.empty()) {
       sys::logf(sys::Level::info, run.fields(), "{} runs already (a restarted daemon continues): not waiting for GPU "
                 "memory", new_unit);
       co_return stopped;

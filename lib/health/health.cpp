@@ -363,11 +363,13 @@ awaitable<Error> ReadyWait::dead(const units::UnitStatus& s) {
     else
       said = fmt::format("; its last journal lines:{}", quoted_lines(last_lines_, target_));
   }
+  std::string words = options_.explain_exit ? options_.explain_exit(s) : std::string();
+  if (!words.empty()) words = ": " + words;
   co_return make_error(Errc::unit_failed,
-                       fmt::format("{} {} while starting after {} (result {}, exit status {}){}", unit_,
+                       fmt::format("{} {} while starting after {} (result {}, exit status {}{}){}", unit_,
                                    s.active_state == units::ActiveState::failed ? "failed" : "stopped",
                                    util::format_seconds(since(start_)), s.result.empty() ? "unknown" : s.result,
-                                   s.exec_main_status, said));
+                                   s.exec_main_status, words, said));
 }
 
 // The port, then the HTTP probes, of a unit that runs: success once ready, cancelled, or nullopt

@@ -89,11 +89,15 @@ struct ReadyOptions {
   /// Called once, with the reason, when the journal cannot be read (the wait goes on without
   /// hang detection).
   std::function<void(const std::string&)> on_output_unreadable;
+  /// Words for how a dead server ended (e.g. what systemd's exit status 203 means, with the
+  /// program's path), added to the unit_failed message after its exit status; empty: none.
+  std::function<std::string(const units::UnitStatus&)> explain_exit;
 };
 
 /// Waits until the server is ready, polling every `options.interval`:
 /// - dead (the unit "failed", or "inactive" after it was active or with a Result other than
-///   "success"): unit_failed with its Result, exit status and the server's last journal lines
+///   "success"): unit_failed with its Result, exit status (and `options.explain_exit`'s words)
+///   and the server's last journal lines
 ///   (an API key of `target` in them replaced by "***");
 /// - alive (active, main process present in /proc): the port accepts a connection, then
 ///   probe_once()'s checks; any failure there means "not ready yet";

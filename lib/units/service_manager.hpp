@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,23 @@ struct JournalSource {
   bool readable = true;
 };
 
+/// Who a unit's processes run as: its User=, Group= and DynamicUser= as the service manager has
+/// them loaded (an operator's drop-in may set them). Empty `user`: the manager's own user (root).
+struct ExecIdentity {
+  std::string user;   ///< a name or a numeric uid; "" (or "root", "0"): root
+  std::string group;  ///< "" : the user's own group
+  bool dynamic = false;  ///< DynamicUser=yes: a uid allocated at start, in no file's owner or group
+};
+
+/// What systemd's exit status `status` of a process it could not start means (systemd.exec(5)
+/// "PROCESS EXIT CODES", systemd 252, the codes 200..245 it uses before execve(2)): its symbolic
+/// name without EXIT_ ("EXEC") and the man page's description; nullopt for other statuses.
+struct SystemdExitStatus {
+  std::string_view name;
+  std::string_view description;
+};
+std::optional<SystemdExitStatus> systemd_exit_status(int status);
+
 /// Unit name of a model's service: "modeld-serve@NAME.service" (interface.md).
 std::string serve_unit(const std::string& model);
 
@@ -82,6 +100,9 @@ class ServiceManager {
   /// Where the unit's output is in the journal (the systemd backend's default: by unit and
   /// invocation, readable). Does not block.
   virtual JournalSource journal_of(const std::string& unit) const;
+  /// Who the unit's processes run as (loads the unit if needed); the default, and the process
+  /// backend's: the manager's own user (an empty ExecIdentity). unit_failed on a bus error.
+  virtual boost::asio::awaitable<Result<ExecIdentity>> identity(const std::string& unit);
 };
 
 /// ResetFailed(unit), best effort (StartUnit reports the real problem), then StartUnit(unit):

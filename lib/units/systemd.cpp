@@ -78,15 +78,47 @@ Result<void> manager_unit_call(sd_bus* bus, const char* method, const std::strin
   return detail::manager_call_result(unit, method, r, err.e, not_loaded_ok);
 }
 
-Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
-  // LoadUnit (unlike GetUnit) answers for units systemd has not loaded yet, with LoadState
-  // "not-found" when no unit file exists.
+// The unit's object path. LoadUnit (unlike GetUnit) answers for units systemd has not loaded
+// yet, with LoadState "not-found" when no unit file exists.
+Result<std::string> load_unit(sd_bus* bus, const std::string& unit) {
   BusError err;
   Reply reply;
   int r = sd_bus_call_method(bus, kDestination, kManagerPath, kManager, "LoadUnit", &err.e, &reply.m, "s",
                              unit.c_str());
   if (r < 0) return bus_error(unit, "LoadUnit", r, err.e);
-  auto object = detail::read_unit_path(reply.m, unit);
+  return detail::read_unit_path(reply.m, unit);
+}
+
+// Reads the string property `name` of interface `iface` of the unit at `object` into `out`.
+Result<void> get_string(sd_bus* bus, const std::string& unit, const std::string& object, const char* iface,
+                        const char* name, std::string& out) {
+  BusError err;
+  char* value = nullptr;
+  int r = sd_bus_get_property_string(bus, kDestination, object.c_str(), iface, name, &err.e, &value);
+  if (r < 0) return bus_error(unit, name, r, err.e);
+  out = value ? value : "";
+  std::free(value);
+  return {};
+}
+
+// The unit's User=, Group= and DynamicUser= as systemd has them loaded.
+Result<ExecIdentity> unit_identity(sd_bus* bus, const std::string& unit) {
+  auto object = load_unit(bus, unit);
+  if (!object) return object.error();
+  ExecIdentity id;
+  if (auto r = get_string(bus, unit, *object, kService, "User", id.user); !r) return r.error();
+  if (auto r = get_string(bus, unit, *object, kService, "Group", id.group); !r) return r.error();
+  BusError err;
+  int dynamic = 0;
+  int r = sd_bus_get_property_trivial(bus, kDestination, object->c_str(), kService, "DynamicUser", &err.e, 'b',
+                                      &dynamic);
+  if (r < 0) return bus_error(unit, "DynamicUser", r, err.e);
+  id.dynamic = dynamic != 0;
+  return id;
+}
+
+Result<UnitStatus> unit_status(sd_bus* bus, const std::string& unit) {
+  auto object = load_unit(bus, unit);
   if (!object) return object.error();
   return detail::read_unit_status(unit, [&](const char* iface, const char* name, sd_bus_error* e,
                                             sd_bus_message** m) {
@@ -146,6 +178,10 @@ class SystemdManager final : public ServiceManager {
 
   asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string& unit) override {
     return on_bus<std::vector<std::uint32_t>>([unit](sd_bus* bus) { return unit_pids(bus, unit); });
+  }
+
+  asio::awaitable<Result<ExecIdentity>> identity(const std::string& unit) override {
+    return on_bus<ExecIdentity>([unit](sd_bus* bus) { return unit_identity(bus, unit); });
   }
 
   // A unit that is not loaded has no failed state to reset, hence NoSuchUnit is success.

@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -110,6 +111,7 @@ std::shared_ptr<config::Config> three_models(const fs::path& dir) {
     m.serve.port = port++;
     m.serve.served_name = name;
     m.serve.stop_timeout = 1s;
+    m.serve.command = {"true"};  // a program systemd finds (/usr/bin/true): the pre-flight passes
     c->models[name] = m;
   }
   return c;
@@ -1856,4 +1858,108 @@ TEST_CASE("a stop and a deploy while modeld shuts down are refused as cancelled"
   CHECK(d.error().code == Errc::cancelled);
   CHECK(fx.position("stop " + kOldUnit) == -1);
   CHECK(fx.deployer->history(10).empty());
+}
+
+// -- the pre-flight (preflight.hpp) as the Deployer runs it ---------------------------------------
+
+namespace {
+
+// A TCP listener on 127.0.0.1:`port` (0: one the kernel picks): a process that is no model service.
+struct PortSquatter {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  std::uint16_t port = 0;
+  explicit PortSquatter(std::uint16_t want = 0) {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(want);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 1) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+  }
+  ~PortSquatter() { ::close(fd); }
+};
+
+const deploy::PreflightCheck* find_check(const deploy::PlanReport& p, const std::string& name) {
+  for (const auto& c : p.preflight)
+    if (c.check == name) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a deploy whose program systemd cannot find fails in planning, before the Hub and any stop") {
+  Fixture fx;
+  fx.cfg->models["new"].serve.command = {"no-such-inference-server", "serve"};
+  fx.cfg->models["new"].source_file = "/etc/modeld/models.d/new.toml";
+  fx.boot();
+  auto end = fx.wait_end(fx.deploy("new").id);
+  CHECK(end.state == State::failed);
+  CHECK(end.phase == Phase::planning);
+  REQUIRE(end.error);
+  CHECK(end.error->code == Errc::unit_failed);
+  CHECK_THAT(end.error->message,
+             Catch::StartsWith("pre-flight failed: command: models.new.serve.command[0] (set in "
+                               "/etc/modeld/models.d/new.toml): 'no-such-inference-server' is in none of") &&
+                 Catch::EndsWith("; not deploying"));
+  CHECK(fx.hub_targets.empty());
+  CHECK(fx.units.unit_calls.empty());
+  check_old_untouched(fx);
+}
+
+TEST_CASE("plan shows the pre-flight: each check, the failing one naming its key") {
+  Fixture fx;
+  fx.cfg->models["new"].serve.gpu_ids = std::vector<unsigned>{0};  // no NVML in these tests: not visible
+  fx.boot();
+  auto plan = fx.run(fx.deployer->plan("new", false, std::nullopt));
+  REQUIRE(plan.has_value());
+  REQUIRE(plan->preflight.size() == 3);
+  CHECK(find_check(*plan, "command")->ok);
+  CHECK(find_check(*plan, "port")->ok);
+  const auto* gpus = find_check(*plan, "gpus");
+  REQUIRE(gpus);
+  CHECK_FALSE(gpus->ok);
+  CHECK_THAT(gpus->message, Catch::StartsWith("models.new.serve.gpu_ids = [0]") && Catch::Contains("no NVIDIA GPU"));
+  CHECK(plan->fits);  // the disk side is unchanged: the pre-flight is its own verdict
+}
+
+TEST_CASE("plan counts the port of a service a deploy would stop as free, and a foreign holder as not") {
+  Fixture fx;
+  PortSquatter squatter;
+  fx.cfg->models["new"].serve.port = squatter.port;
+  fx.boot();
+  auto plan = fx.run(fx.deployer->plan("new", false, std::nullopt));
+  REQUIRE(plan.has_value());
+  CHECK(plan->stops == std::vector<std::string>{"old"});
+  CHECK_FALSE(find_check(*plan, "port")->ok);
+  // The same holder as the process of "old", which the deploy stops: the port will be free.
+  fx.units.unit_pids[kOldUnit] = {static_cast<std::uint32_t>(::getpid())};
+  fx.cfg->models["old"].serve.port = squatter.port;
+  plan = fx.run(fx.deployer->plan("new", false, std::nullopt));
+  REQUIRE(plan.has_value());
+  CHECK(find_check(*plan, "port")->ok);
+}
+
+TEST_CASE("the pre-flight runs again right before stopping_old: a port taken during the download spares the old model") {
+  Fixture fx;
+  const std::uint16_t port = PortSquatter().port;  // free again once that one is closed
+  fx.cfg->models["new"].serve.port = port;
+  fx.boot();
+  fx.file_gate.armed = true;
+  auto d = fx.deploy("new");
+  REQUIRE(fx.run_until([&] { return fx.file_gate.waiting == 1; }));
+  PortSquatter squatter(port);
+  fx.file_gate.release();
+  auto end = fx.wait_end(d.id);
+  CHECK(end.state == State::failed);
+  CHECK(end.phase == Phase::stopping_old);
+  REQUIRE(end.error);
+  CHECK_THAT(end.error->message, Catch::StartsWith("pre-flight failed: port: models.new.serve.port") &&
+                                     Catch::EndsWith("; not stopping old"));
+  CHECK_FALSE(end.old_stopped);
+  check_old_untouched(fx);
 }

@@ -67,6 +67,8 @@ class FakeUnits : public units::ServiceManager {
   std::map<std::string, Gate> gates;    // "start UNIT" -> where that call waits first
   std::function<void()> on_start;
   std::map<std::string, std::string> dropins;  // unit -> the text of its last drop-in written
+  std::map<std::string, std::vector<std::uint32_t>> unit_pids;  // unit -> its processes (none when absent)
+  std::map<std::string, units::ExecIdentity> identities;        // unit -> its User= (root when absent)
 
   std::string state_of(const std::string& unit) const {
     auto it = states.find(unit);
@@ -92,8 +94,13 @@ class FakeUnits : public units::ServiceManager {
     s.loaded = true;
     co_return s;
   }
-  boost::asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string&) override {
-    co_return std::vector<std::uint32_t>{};
+  boost::asio::awaitable<Result<std::vector<std::uint32_t>>> pids(const std::string& unit) override {
+    auto it = unit_pids.find(unit);
+    co_return it == unit_pids.end() ? std::vector<std::uint32_t>{} : it->second;
+  }
+  boost::asio::awaitable<Result<units::ExecIdentity>> identity(const std::string& unit) override {
+    auto it = identities.find(unit);
+    co_return it == identities.end() ? units::ExecIdentity{} : it->second;
   }
   boost::asio::awaitable<Result<void>> reset_failed(const std::string& unit) override {
     co_return co_await enter("reset_failed", unit);

@@ -34,6 +34,7 @@ std::shared_ptr<config::Config> two_models() {
     m.repo = std::string("acme/") + name;
     m.serve.port = 1;
     m.serve.stop_timeout = 1s;
+    m.serve.command = {"true"};  // a program systemd finds (/usr/bin/true): the pre-flight passes
     c->models[name] = m;
   }
   return c;
