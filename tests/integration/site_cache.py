@@ -179,6 +179,24 @@ class SiteCache:
         folder = self.dir / "cache" / md5[-1] / md5[-3:-1]
         return sorted(folder.glob(f"{md5}*")) if folder.is_dir() else []
 
+    def stored(self, key: str) -> tuple[dict[str, str], bytes] | None:
+        """The answer stored under cache key `key`: (its header fields, lower-case names; its
+        body), as nginx wrote it after its own binary header and the "KEY: ..." line; None when
+        nothing (or only a temporary file) is stored."""
+        for f in self.entry(key):
+            data = f.read_bytes()
+            mark = b"\nKEY: " + key.encode() + b"\n"
+            at = data.find(mark)
+            if "." in f.name or at < 0:
+                continue  # a temporary file of an answer being written
+            head, _, body = data[at + len(mark):].partition(b"\r\n\r\n")
+            fields = {}
+            for line in head.decode("latin-1").split("\r\n")[1:]:
+                name, _, value = line.partition(":")
+                fields[name.strip().lower()] = value.strip()
+            return fields, body
+        return None
+
     def upstream(self) -> list[dict]:
         """The upstream log: one object per fetch from the Hub or its CDN."""
         if not self.upstream_log.exists():

@@ -315,6 +315,55 @@ def test_the_commit_changes_when_a_file_changes_and_extra_refs_resolve(hub, repo
     assert commit() == after
 
 
+def test_a_branch_named_after_a_commit_with_a_slash_is_its_own_revision(hub, repos):
+    # A branch "C/sub" (C: main's commit) whose extra.json differs from main's sub/extra.json.
+    (repos / REPO / "sub" / "extra.json").write_text('{"from": "the commit"}\n')
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/revision/main")
+    commit = json.loads(body)["sha"]
+    branch = repos / REPO / ".hub" / "slash"
+    branch.mkdir(parents=True)
+    (branch / "extra.json").write_text('{"from": "the branch"}\n')
+    (repos / REPO / ".hub" / "refs.json").write_text(json.dumps({f"{commit}/sub": "slash"}))
+    # resolve: %2F names the branch, a raw slash the commit's subfolder.
+    assert fetch(f"{hub.url}/{REPO}/resolve/{commit}%2Fsub/extra.json")[2] == b'{"from": "the branch"}\n'
+    assert fetch(f"{hub.url}/{REPO}/resolve/{commit}/sub/extra.json")[2] == b'{"from": "the commit"}\n'
+    # /revision: both forms name the branch.
+    for rev in (f"{commit}%2Fsub", f"{commit}/sub"):
+        st, _, body = fetch(f"{hub.url}/api/models/{REPO}/revision/{rev}")
+        assert st == 200, (rev, body)
+        listing = json.loads(body)
+        assert listing["sha"] != commit and [s["rfilename"] for s in listing["siblings"]] == ["extra.json"], rev
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/tree/{commit}%2Fsub")
+    assert [e["path"] for e in json.loads(body)] == ["extra.json"]
+    st, _, body = fetch(f"{hub.url}/api/models/{REPO}/tree/{commit}/sub")
+    assert "sub/extra.json" in [e["path"] for e in json.loads(body)]
+
+
+def test_json_is_gzipped_when_asked_and_files_never_are(start_hub):
+    import gzip
+    hub = start_hub()
+    url = f"{hub.url}/api/models/{REPO}/revision/main?blobs=true"
+    st, h, plain = fetch(url)
+    assert st == 200 and h.get("Content-Encoding") is None and h["Vary"] == "Accept-Encoding"
+    st, h, packed = fetch(url, headers={"Accept-Encoding": "gzip, deflate"})
+    assert st == 200 and h["Content-Encoding"] == "gzip" and int(h["Content-Length"]) == len(packed)
+    assert json.loads(gzip.decompress(packed)) == json.loads(plain)
+    assert fetch(url, headers={"Accept-Encoding": "gzip;q=0, identity"})[1].get("Content-Encoding") is None
+    # An error of the Hub is JSON too; a file of the repository never is compressed.
+    st, h, _ = fetch(f"{hub.url}/api/models/{REPO}/revision/nope", headers={"Accept-Encoding": "gzip"})
+    assert st == 404 and h["Content-Encoding"] == "gzip"
+    st, h, body = fetch(f"{hub.url}/{REPO}/resolve/main/config.json", headers={"Accept-Encoding": "gzip"})
+    assert st == 200 and h.get("Content-Encoding") is None and json.loads(body)
+    seen = [r for r in hub.records() if r["path"] == url.removeprefix(hub.url)]
+    assert [r["accept_encoding"] for r in seen] == ["identity", "gzip, deflate", "gzip;q=0, identity"]
+    always = start_hub("--gzip", "always")
+    st, h, packed = fetch(f"{always.url}/api/models/{REPO}/revision/main")
+    assert h["Content-Encoding"] == "gzip" and json.loads(gzip.decompress(packed))["sha"]
+    off = start_hub("--gzip", "off")
+    st, h, _ = fetch(f"{off.url}/api/models/{REPO}/revision/main", headers={"Accept-Encoding": "gzip"})
+    assert h.get("Content-Encoding") is None and h.get("Vary") is None
+
+
 def test_the_tree_pages_follow_the_link_header(hub, repos):
     url = f"{hub.url}/api/models/{REPO}/tree/main?recursive=true"
     entries, pages = [], 0

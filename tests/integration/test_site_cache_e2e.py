@@ -11,6 +11,12 @@ back, asking only for what it lacked, verified, while the cache kept on its disk
 fetched before it died. Negative controls, each the shipped configuration with one mechanism off:
 without proxy_cache_lock the concurrent misses exceed the 1.1 x bound; without slices the cache
 keeps nothing of the files it was cut off in.
+What is stored is commit-pinned as sent and identity-encoded (the hub fixture gzips JSON when
+asked, and has a branch named "C/sub" after a commit C): a client asking gzip first, then modeld's
+`pull --commit C`, which succeeds while the stored listing is identity JSON; the branch fetched in
+eight spellings (C%2Fsub, an encoded slash or dot, dot segments, "//", a query) never lands under
+commit C's key, and modeld's pull of C through that cache passes its checksums; listings by
+branch (both spellings) are never kept; an answer compressed unasked is never kept.
 Loopback only: the hub on 127.0.0.2, its CDN on 127.0.0.3, the cache on 127.0.0.4."""
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import hashlib
 import http.client
 import json
 import ssl
+import subprocess
 import time
 import urllib.parse
 from pathlib import Path
@@ -91,11 +98,14 @@ def hub_get(hub: Hub, path: str) -> tuple[int, dict, dict]:
 
 
 def get(cache: SiteCache, ca: Path, path: str, rng: str | None = None, source: str = "127.0.0.1",
-        token: str | None = TOKEN) -> tuple[int, dict, bytes]:
-    """One GET to the cache: (status, headers, body)."""
+        token: str | None = TOKEN, encoding: str | None = None) -> tuple[int, dict, bytes]:
+    """One GET to the cache, `path` sent as is: (status, headers, body); `encoding`: the
+    Accept-Encoding asked (http.client sends none by itself: identity)."""
     conn = http.client.HTTPSConnection(cache.host, cache.port, context=_context(ca), timeout=60,
                                        source_address=(source, 0))
     headers = {"Range": rng} if rng else {}
+    if encoding:
+        headers["Accept-Encoding"] = encoding
     if token:
         headers["Authorization"] = f"Bearer {token}"
     conn.request("GET", path, headers=headers)
@@ -414,3 +424,169 @@ def test_without_slices_a_cache_that_died_keeps_nothing_of_the_files_it_was_cut_
         assert [served_from_disk(p) for p in run.probes] == [False, False], run.probes
         assert [(p.status, p.cache_status) for p in run.probes] == [(206, "MISS")] * 2, run.probes
         assert run.done["state"] == "succeeded", run.done
+
+
+# --- What the cache stores is provably commit-pinned and identity-encoded ---------------------------
+
+COMMIT_BYTES = b'{"from": "the commit"}\n'
+BRANCH_BYTES = b'{"from": "the branch C/sub, whose name starts with the commit"}\n'
+
+
+def with_a_branch_named_after_its_commit(repo_dir: Path, commit_of_main) -> str:
+    """Gives the repository at `repo_dir` the file sub/extra.json (COMMIT_BYTES) on main, then a
+    branch named "C/sub" (C: main's commit, as `commit_of_main()` reads it from the Hub now)
+    whose extra.json is BRANCH_BYTES, as a collaborator with write access can push; returns C."""
+    (repo_dir / "sub").mkdir(exist_ok=True)
+    (repo_dir / "sub" / "extra.json").write_bytes(COMMIT_BYTES)
+    commit = commit_of_main()
+    branch = repo_dir / ".hub" / "slash"
+    branch.mkdir(parents=True, exist_ok=True)
+    (branch / "extra.json").write_bytes(BRANCH_BYTES)
+    (repo_dir / ".hub" / "refs.json").write_text(json.dumps({f"{commit}/sub": "slash"}))
+    return commit
+
+
+def upstream_asks(hub: Hub, path: str) -> int:
+    """How many requests for exactly `path` (with its query, as sent) reached the Hub."""
+    return sum(1 for q in hub.requests() if q["origin"] == "hub" and q["path"] == path)
+
+
+def test_a_listing_by_branch_name_is_never_cached(hub, cache, tls):
+    repo = hub.repos / "acme/slashed"
+    import make_checkpoint
+    make_checkpoint.make_checkpoint(str(repo), 1, 64 * 1024, 11)
+    commit = with_a_branch_named_after_its_commit(repo, lambda: commit_of(hub, "acme/slashed"))
+    listings = [f"/api/models/acme/slashed/revision/{commit}%2Fsub?blobs=true",  # the branch, encoded
+                f"/api/models/acme/slashed/revision/{commit}/sub?blobs=true",  # the branch, raw
+                f"/api/models/acme/slashed/tree/{commit}%2Fsub",  # the branch's tree
+                "/api/models/acme/slashed/revision/main?blobs=true"]
+    for path in listings:
+        before = upstream_asks(hub, path)
+        for _ in range(2):
+            status, headers, body = get(cache, tls[0], path)
+            assert status == 200, (path, status, body[:200])
+            assert headers.get("x-cache-status") != "HIT", f"{path} was answered from the cache"
+        assert upstream_asks(hub, path) == before + 2, f"the second {path} did not reach the Hub"
+        assert cache.entry(f"api {path}") == [], f"the cache stored {path}"
+    # The branch's listing is the branch's: another commit than C, only extra.json.
+    branch = json.loads(get(cache, tls[0], listings[0])[2])
+    assert branch["sha"] != commit and [s["rfilename"] for s in branch["siblings"]] == ["extra.json"]
+
+
+def test_an_answer_that_comes_compressed_unasked_is_never_stored(hub, cache, tls):
+    # A CDN in front of the Hub that compresses JSON whatever was asked: passed on, never stored.
+    commit = commit_of(hub, "acme/big")
+    path = f"/api/models/acme/big/revision/{commit}?blobs=true"
+    write_control(hub.control, gzip="always")
+    try:
+        before = upstream_asks(hub, path)
+        for _ in range(2):
+            status, headers, _ = get(cache, tls[0], path)
+            assert (status, headers.get("content-encoding")) == (200, "gzip"), (status, headers)
+            assert headers.get("x-cache-status") != "HIT", headers
+        assert upstream_asks(hub, path) == before + 2, "a compressed listing was answered from the cache"
+        assert cache.stored(f"api {path}") is None, "the cache stored a compressed listing"
+    finally:
+        write_control(hub.control)
+
+
+@dataclasses.dataclass
+class ThroughCache:
+    """A real modeld whose hub.endpoint is a site cache's port (the cache started per test)."""
+    modeld: ModeldEnv
+    cache_port: int
+    commits: dict  # repository -> the commit each test pulls
+
+
+@pytest.fixture(scope="module")
+def through_cache(tmp_path_factory, tls):
+    if unsupported_reason() is not None:
+        pytest.skip(unsupported_reason())
+    ca, cert, key = tls
+    work = tmp_path_factory.mktemp("through")
+    port = free_port()
+    e = ModeldEnv(workdir=work / "modeld",
+                  hub_args=["--host", HUB_HOST, "--tls-cert", str(cert), "--tls-key", str(key),
+                            "--cdn-host", "127.0.0.3", "--token", TOKEN],
+                  config_extra=f'ca_file = "{ca}"')
+    e.endpoint = f"https://{CACHE_HOST}:{port}"
+    (e.workdir / "credentials").mkdir(parents=True)
+    (e.workdir / "credentials" / "hf-token").write_text(TOKEN + "\n")
+    for i, name in enumerate(("gz", "poison")):
+        e.add_repo(f"acme/{name}", shards=2, shard_size=256 * 1024, seed=20 + i)
+    try:
+        e.start(model_table("gz", "acme/gz", free_port()) + model_table("poison", "acme/poison", free_port()))
+        commits = {"acme/gz": commit_of(e.hub, "acme/gz"),
+                   "acme/poison": with_a_branch_named_after_its_commit(e.repos / "acme/poison",
+                                                                       lambda: commit_of(e.hub, "acme/poison"))}
+        yield ThroughCache(e, port, commits)
+    finally:
+        e.stop()
+
+
+@pytest.fixture
+def its_cache(tmp_path, through_cache, tls):
+    """A cold site cache where through_cache's modeld looks."""
+    ca, cert, key = tls
+    c = SiteCache(tmp_path / "cache", through_cache.modeld.hub.endpoint, CACHE_HOST, through_cache.cache_port,
+                  cert, key, upstream_ca=ca, allow=("127.0.0.1",))
+    with c:
+        yield c
+
+
+def pull(e: ModeldEnv, name: str, commit: str) -> subprocess.CompletedProcess:
+    return e.modelctl("--json", "pull", name, "--commit", commit, "--wait")
+
+
+def test_a_client_asking_gzip_never_makes_the_cache_store_a_gzip_listing(through_cache, its_cache, tls):
+    e, commit = through_cache.modeld, through_cache.commits["acme/gz"]
+    path = f"/api/models/acme/gz/revision/{commit}?blobs=true"
+    since = time.time()
+    # Another client (curl --compressed) asks for the commit's listing first; then modeld.
+    status, headers, _ = get(its_cache, tls[0], path, encoding="gzip")
+    assert status == 200
+    r = pull(e, "gz", commit)
+    assert r.returncode == 0, f"modeld's pull --commit through the cache failed: {r.stdout}{r.stderr}"
+    assert json.loads(r.stdout)["state"] == "succeeded", r.stdout
+    stored = its_cache.stored(f"api {path}")
+    assert stored is not None, "the commit's listing is not on the cache's disk"
+    fields, body = stored
+    assert fields.get("content-encoding") is None, fields
+    assert json.loads(body)["sha"] == commit, body[:200]
+    # Why: the gzip client got identity too, as the Hub was never asked for an encoding, and no
+    # host's address reached the Hub (X-Forwarded-For stays in the cache).
+    assert headers.get("content-encoding") is None, headers
+    upstream = [q for q in e.hub.requests() if q["time"] >= since]
+    assert [q["accept_encoding"] for q in upstream if q["path"] == path] == [None], upstream
+    assert {q["origin"] for q in upstream} == {"hub", "cdn"}, upstream
+    assert not any(q["x_forwarded_for"] for q in upstream), "a host's address reached the Hub or its CDN"
+
+
+@pytest.mark.parametrize("form", ["{c}%2Fsub/extra.json", "{c}/sub%2Fextra.json", "{c}/sub/./extra.json",
+                                  "{c}/x/../sub/extra.json", "{c}/sub//extra.json", "{c}//sub/extra.json",
+                                  "{c}/sub/extra.json?x=1", "{c}/sub/%2E/extra.json"])
+def test_a_branch_named_commit_slash_sub_never_poisons_the_commit(through_cache, its_cache, tls, form):
+    e, commit = through_cache.modeld, through_cache.commits["acme/poison"]
+    canonical = f"/acme/poison/resolve/{commit}/sub/extra.json"
+    odd = f"/acme/poison/resolve/{form.format(c=commit)}"
+    # The branch "C/sub" (or commit C's file by another spelling) and the branch's listing, both
+    # spellings, through the cache, before anyone asked for commit C.
+    status, odd_headers, body = get(its_cache, tls[0], odd)
+    for listing in (f"{commit}%2Fsub", f"{commit}/sub"):
+        assert get(its_cache, tls[0], f"/api/models/acme/poison/revision/{listing}?blobs=true")[0] == 200
+    # The commit's URL afterwards: the commit's bytes, stored once, then answered from the cache.
+    for want in ("MISS", "HIT"):
+        got_status, headers, got = get(its_cache, tls[0], canonical)
+        assert (got_status, got) == (200, COMMIT_BYTES), f"{canonical} answered {got_status} {got!r}"
+        assert headers.get("x-cache-status") == want, headers
+    listing = json.loads(get(its_cache, tls[0], f"/api/models/acme/poison/revision/{commit}?blobs=true")[2])
+    assert listing["sha"] == commit and "sub/extra.json" in [s["rfilename"] for s in listing["siblings"]]
+    if form == "{c}%2Fsub/extra.json":  # once: modeld's commit C, through this cache, verified
+        r = pull(e, "poison", commit)
+        assert r.returncode == 0, f"modeld's pull --commit through the cache failed: {r.stdout}{r.stderr}"
+        assert json.loads(r.stdout)["state"] == "succeeded", r.stdout
+        assert (e.models_dir / ".store" / "poison" / commit / "sub" / "extra.json").read_bytes() == COMMIT_BYTES
+        assert (status, body) == (200, BRANCH_BYTES), "the branch's file is not passed through"
+    # Why: a URL that is pinned only once nginx decoded and normalised it is never looked up in,
+    # nor stored into, the cache (passed through as sent).
+    assert "x-cache-status" not in odd_headers, f"{odd} was looked up in the cache: {odd_headers}"
