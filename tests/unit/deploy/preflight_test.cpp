@@ -281,7 +281,7 @@ TEST_CASE("without gpu_ids the first serve.gpus GPUs must be visible") {
   CHECK(f.check("gpus").ok);
 }
 
-TEST_CASE("a host without NVML fails a model that needs a GPU; an NVML that errs is not checked") {
+TEST_CASE("a host without NVML fails a model that needs a GPU and an NVML that errs is not checked") {
   Fixture f;
   f.model().serve.gpu_ids = std::vector<unsigned>{0};
   f.nvml = std::optional<gpu::Snapshot>();
