@@ -242,7 +242,6 @@ Result<void> Deployer::load() {
   if (!st) return st.error();
   state_ = std::move(*st);
   for (auto& d : states_.load_history(200)) history_.push_back(std::move(d));
-  recovering_ = true;
   for (const auto& d : history_)
     if (d.state == State::running) {
       interrupted_ = d.id + " of " + d.model;
@@ -265,12 +264,8 @@ asio::awaitable<void> Deployer::recover() {
   // the end nothing awaits, and begin() has set running_ by then.
   struct Recovered {
     std::optional<std::string>& interrupted;
-    bool& recovering;
-    ~Recovered() {
-      interrupted.reset();
-      recovering = false;
-    }
-  } recovered{interrupted_, recovering_};
+    ~Recovered() { interrupted.reset(); }
+  } recovered{interrupted_};
   // The services an unfinished deployment began to stop are its own to finish or bring back.
   std::set<std::string> owned;
   if (unfinished && unfinished->old_stopped) {
@@ -543,9 +538,6 @@ std::optional<Error> Deployer::refuse_while_recovering() const {
   if (interrupted_)
     return make_error(Errc::deployment_running,
                       fmt::format("deployment {}, interrupted by modeld's restart, is about to continue", *interrupted_));
-  if (recovering_)
-    return make_error(Errc::deployment_running,
-                      "modeld has just started and is still recovering the services in service; try again in a moment");
   return std::nullopt;
 }
 

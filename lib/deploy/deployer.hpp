@@ -183,7 +183,8 @@ class Deployer final : public Engine {
   void reconfigure_service(const std::string& model, const config::Config& old);
   // Why no new record may start now (one runs, one is about to continue, shutdown, verify or rm).
   std::optional<Error> refuse_new_record() const;
-  /// deployment_running while recover() has not ended (naming the interrupted record if any).
+  /// deployment_running while a record a restart interrupted waits for recover() to take it up
+  /// (deploy, pull, stop, verify, rm and rm --commit all refuse then).
   std::optional<Error> refuse_while_recovering() const;
   // A new record of `kind` for `model`, not started.
   Deployment new_record(const std::string& model, Kind kind) const;
@@ -275,10 +276,6 @@ class Deployer final : public Engine {
   // "ID of MODEL" of the deployment a restart interrupted, from load() until recover() takes it
   // up: start() refuses meanwhile, so a new deployment cannot race its continuation.
   std::optional<std::string> interrupted_;
-  /// From load() until recover() has ended: every request that changes something (deploy, pull,
-  /// stop, verify, rm) is refused meanwhile, so none runs before recovery has decided what an
-  /// interrupted record resumes and which services it brings back.
-  bool recovering_ = false;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   /// The store walks of models(): one at a time, shared by concurrent callers, the last one kept.
