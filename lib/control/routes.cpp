@@ -23,6 +23,8 @@
 #include <initializer_list>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 namespace modeld::control {
 namespace {
@@ -121,18 +123,24 @@ std::vector<std::string_view> split_path(std::string_view path) {
   return parts;
 }
 
-std::map<std::string, std::string, std::less<>> parse_query(std::string_view q) {
-  std::map<std::string, std::string, std::less<>> out;
+// The key=value pairs of query `q` in order (a pair without '=' has an empty value; empty pairs
+// are skipped): one splitter for parse_query and known_query.
+std::vector<std::pair<std::string_view, std::string_view>> query_pairs(std::string_view q) {
+  std::vector<std::pair<std::string_view, std::string_view>> out;
   while (!q.empty()) {
     auto amp = q.find('&');
     auto pair = q.substr(0, amp);
     q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
     if (pair.empty()) continue;
     auto eq = pair.find('=');
-    std::string key(pair.substr(0, eq));
-    std::string value(eq == std::string_view::npos ? std::string_view{} : pair.substr(eq + 1));
-    out.emplace(std::move(key), std::move(value));
+    out.emplace_back(pair.substr(0, eq), eq == std::string_view::npos ? std::string_view{} : pair.substr(eq + 1));
   }
+  return out;
+}
+
+std::map<std::string, std::string, std::less<>> parse_query(std::string_view q) {
+  std::map<std::string, std::string, std::less<>> out;
+  for (const auto& [key, value] : query_pairs(q)) out.emplace(std::string(key), std::string(value));
   return out;
 }
 
@@ -142,16 +150,11 @@ std::map<std::string, std::string, std::less<>> parse_query(std::string_view q) 
 Result<void> known_query(std::string_view query, std::string_view path, std::initializer_list<std::string_view> known) {
   std::set<std::string, std::less<>> seen;
   const std::string list = known.size() == 0 ? std::string("none") : fmt::format("{}", fmt::join(known, ", "));
-  while (!query.empty()) {
-    auto amp = query.find('&');
-    auto pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
-    if (pair.empty()) continue;
-    const std::string key(pair.substr(0, pair.find('=')));
+  for (const auto& [key, value] : query_pairs(query)) {
     if (std::find(known.begin(), known.end(), key) == known.end())
       return make_error(Errc::bad_request,
                         fmt::format("unknown query parameter \"{}\" on {} (known: {})", key, path, list));
-    if (!seen.insert(key).second)
+    if (!seen.emplace(key).second)
       return make_error(Errc::bad_request, fmt::format("query parameter \"{}\" given twice on {}", key, path));
   }
   return {};
