@@ -2,6 +2,7 @@
 // Daemon (daemon.hpp), which starts the pipeline, runs the event loop, reloads and stops.
 
 #include "config/config.hpp"
+#include "modeld/check_state.hpp"
 #include "modeld/daemon.hpp"
 #include "sys/log.hpp"
 
@@ -17,9 +18,12 @@ using namespace modeld;
 int main(int argc, char** argv) {
   CLI::App app{"modeld: puts large language models into service (download, verify, launch, health-check)"};
   std::string config_file = "/etc/modeld/modeld.toml";
-  bool check_only = false, verbose = false, version = false;
+  bool check_only = false, check_state_only = false, verbose = false, version = false;
   app.add_option("--config", config_file, "configuration file")->capture_default_str();
   app.add_flag("--check-config", check_only, "parse and validate the configuration, print problems, exit 0 or 1");
+  app.add_flag("--check-state", check_state_only,
+               "read state_dir's state.json (and state.json.prev) as a start would, say what the next start does, "
+               "exit 0 when state.json reads, 1 otherwise");
   app.add_flag("-v,--verbose", verbose, "log debug lines");
   app.add_flag("--version", version, "print the version");
   CLI11_PARSE(app, argc, argv);
@@ -34,6 +38,14 @@ int main(int argc, char** argv) {
     if (!loaded.config || !loaded.problems.empty()) return 1;
     std::printf("%s: valid, %zu model(s)\n", config_file.c_str(), loaded.config->models.size());
     return 0;
+  }
+
+  if (check_state_only) {
+    if (!loaded.config) {
+      for (const auto& p : loaded.problems) std::fprintf(stderr, "%s\n", p.to_string().c_str());
+      return 1;
+    }
+    return check_state(loaded.config->daemon.state_dir);
   }
 
   sys::init_logging(sys::Sink::automatic, verbose);

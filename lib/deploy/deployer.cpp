@@ -1,5 +1,6 @@
 #include "deploy/deployer.hpp"
 #include "deploy/preflight.hpp"
+#include "deploy/reconcile.hpp"
 #include "deploy/redeploy.hpp"
 #include "util/json.hpp"
 
@@ -238,9 +239,21 @@ bool Deployer::any_watching() const {
 Deployer::~Deployer() = default;
 
 Result<void> Deployer::load() {
-  auto st = states_.load();
-  if (!st) return st.error();
-  state_ = std::move(*st);
+  auto loaded = states_.load_or_fall_back();
+  state_ = std::move(loaded.state);
+  state_source_ = loaded.source;
+  for (const auto& p : loaded.problems) sys::logf(sys::Level::warning, "state recovery: {}", p);
+  if (loaded.source == StateSource::previous)
+    sys::logf(sys::Level::warning,
+              "state recovery: starting from {}/state.json.prev, the copy of the last state saved, reconciled with "
+              "the model services that run (a bad state.json is kept as state.json.bad)",
+              states_.dir().string());
+  else if (loaded.source == StateSource::rebuilt)
+    sys::logf(sys::Level::warning,
+              "state recovery: neither state.json nor state.json.prev in {} reads: rebuilding the state from the model "
+              "services that run and the store (a bad state.json is kept as state.json.bad); pulled marks and "
+              "last-active times are lost",
+              states_.dir().string());
   for (auto& d : states_.load_history(200)) history_.push_back(std::move(d));
   for (const auto& d : history_)
     if (d.state == State::running) {
@@ -272,6 +285,9 @@ asio::awaitable<void> Deployer::recover() {
     owned = models_of(unfinished->previous);
     owned.insert(unfinished->model);
   }
+  std::set<std::string> skip = owned;
+  if (unfinished) skip.insert(unfinished->model);
+  co_await reconcile_with_units(skip);
   auto statuses = co_await settle_conflicts_at_boot(owned);
   std::map<std::string, bool> to_watch;  // model -> its unit was just started (readiness first)
   const auto serving = state_.active.services;  // a copy: recover_service awaits
@@ -286,6 +302,34 @@ asio::awaitable<void> Deployer::recover() {
   for (const auto& [model, started_unit] : to_watch)
     if (!shutting_down_) watch_service(model, started_unit);
   announce_status();
+}
+
+asio::awaitable<void> Deployer::reconcile_with_units(const std::set<std::string>& skip) {
+  const sys::Fields none;
+  bool changed = state_source_ == StateSource::previous || state_source_ == StateSource::rebuilt;
+  const auto now = util::rfc3339(std::chrono::system_clock::now());
+  auto found = co_await find_unrecorded_units(services_, models_of(state_.active.services), skip, now);
+  if (!found)
+    sys::logf(sys::Level::error, none,
+              "state recovery: cannot list the model services that run ({}): one missing from state.json stays "
+              "unwatched",
+              found.error().message);
+  for (auto& u : found ? *found : std::vector<UnrecordedUnit>{}) {
+    sys::Fields f;
+    f.model = u.model;
+    if (!u.adopt) {
+      sys::logf(sys::Level::warning, f, "state recovery: {} runs and state.json has no service of model {}: {}",
+                u.unit, u.model, u.why);
+      continue;
+    }
+    sys::logf(sys::Level::warning, f,
+              "state recovery: {} runs and state.json has no service of model {}: adopted, serving {}", u.unit, u.model,
+              u.why);
+    // First in the order of service: a conflict with a recorded service leaves the adopted one out.
+    state_.active.services.insert(state_.active.services.begin(), std::move(*u.adopt));
+    changed = true;
+  }
+  if (changed) co_await save_state(none);
 }
 
 asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> Deployer::settle_conflicts_at_boot(
@@ -1614,10 +1658,28 @@ void Deployer::rewatch_verified(const std::string& model, const std::string& com
   watch_service(model, false);
 }
 
+asio::awaitable<std::optional<Error>> Deployer::unit_runs(const std::string& model, bool whole_model) {
+  const auto unit = units::serve_unit(model);
+  auto st = co_await services_.units.status(unit);
+  if (!st)
+    co_return make_error(st.error().code,
+                         fmt::format("cannot tell whether {} runs ({}): not removing model {}", unit,
+                                     st.error().message, model));
+  if (!units::is_up(st->active_state)) co_return std::nullopt;
+  // A service in state serves its recorded revision: the others may go (rm --commit).
+  if (!whole_model && state_.active.find(model)) co_return std::nullopt;
+  co_return make_error(Errc::model_active,
+                       fmt::format("{} is {} (systemd), though modeld has no service of model {} in its state: what it "
+                                   "serves is unknown, so no revision of {} is removed; stop it first (systemctl stop "
+                                   "{}), or deploy {} to put it under modeld",
+                                   unit, units::to_string(st->active_state), model, model, unit, model));
+}
+
 asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
   if (auto unknown = co_await unknown_model(model)) co_return *unknown;
   if (auto c = disk_conflict(model, "rm")) co_return *c;
   BusyGuard guard(busy_, model, "rm");
+  if (auto e = co_await unit_runs(model, true)) co_return *e;
   auto r = co_await remove_from_disk(services_, model);
   if (!r) co_return r.error();
   sys::Fields f;
@@ -1637,6 +1699,7 @@ asio::awaitable<Result<Removal>> Deployer::remove_revision(std::string model, st
                                      commit, model, units::serve_unit(model)));
   if (auto c = disk_conflict(model, "rm --commit")) co_return *c;
   BusyGuard guard(busy_, model, "rm");
+  if (auto e = co_await unit_runs(model, false)) co_return *e;
   auto r = co_await remove_revision_from_disk(services_, model, commit);
   if (!r) co_return r.error();
   sys::Fields f;

@@ -46,10 +46,14 @@ class Deployer final : public Engine {
   Deployer(boost::asio::io_context& io, Services services, StateStore& states, ModelWatcher::Options watchdog);
   ~Deployer() override;
 
-  /// Loads state.json and the history; io_error when state.json is unreadable. Blocks (reads state_dir): call it at start.
+  /// Loads the daemon state (state.json, else state.json.prev, else none: StateStore::
+  /// load_or_fall_back, the journal saying which) and the history; never fails on a bad file (a
+  /// restart would not fix it), recover() reconciles what it read with the units. Blocks (reads
+  /// state_dir): call it at start.
   Result<void> load();
 
-  /// At daemon start: rewrites the drop-in of every service in service and starts those that are
+  /// At daemon start: adopts (or reports) the model services that run without a line in the
+  /// state (reconcile.hpp); then rewrites the drop-in of every service in service and starts those that are
   /// not running (of two that today's configuration makes conflict, the one put into service later
   /// starts and the journal names the other, which leaves service), except those an unfinished
   /// deployment began to stop, which is then continued. Each service is watched by its own model
@@ -171,6 +175,13 @@ class Deployer final : public Engine {
   bool forget_pulled(const std::string& model, const std::optional<std::string>& commit);
   // The step an interrupted deployment continues from; nullopt: it rolls back.
   static std::optional<Step> resume_step(const Deployment& d);
+  // At start: each model service that runs without a line in the state is adopted or reported;
+  // the state is saved when that changed it or it came from a fallback.
+  // Models in `skip` belong to an interrupted deployment.
+  boost::asio::awaitable<void> reconcile_with_units(const std::set<std::string>& skip);
+  // rm's last check, with systemd: model_active when the unit of `model` is up and modeld has no
+  // service of it in state (or `whole_model`); the status error when systemd cannot be asked.
+  boost::asio::awaitable<std::optional<Error>> unit_runs(const std::string& model, bool whole_model);
   // At start: the services that today's configuration makes conflict leave service (the later
   // one stays), except those in `owned` (an unfinished deployment's); returns each unit's status.
   boost::asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> settle_conflicts_at_boot(
@@ -276,6 +287,8 @@ class Deployer final : public Engine {
   // "ID of MODEL" of the deployment a restart interrupted, from load() until recover() takes it
   // up: start() refuses meanwhile, so a new deployment cannot race its continuation.
   std::optional<std::string> interrupted_;
+  /// Where load() found the state (after a fallback recover() saves it at once).
+  StateSource state_source_ = StateSource::fresh;
   std::function<void()> on_idle_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   /// The store walks of models(): one at a time, shared by concurrent callers, the last one kept.

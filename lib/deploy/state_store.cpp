@@ -4,6 +4,7 @@
 #include "sys/log.hpp"
 #include "util/files.hpp"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -65,28 +66,90 @@ Result<void> StateStore::init() {
   return {};
 }
 
-Result<DaemonState> StateStore::load() const {
-  auto path = dir_ / "state.json";
-  auto text = util::read_file(path);
-  if (!text) {
-    if (text.error().code == Errc::not_found) return DaemonState{};
-    return text.error();
+std::string_view to_string(StateSource source) {
+  switch (source) {
+    case StateSource::fresh: return "fresh";
+    case StateSource::current: return "state.json";
+    case StateSource::previous: return "state.json.prev";
+    case StateSource::rebuilt: return "rebuilt";
   }
+  return "fresh";
+}
+
+namespace {
+
+// The state that `text` (read from `path`) holds; io_error naming the path and what is wrong.
+Result<DaemonState> parse_state(const fs::path& path, const std::string& text) {
+  const auto bad = [&](const std::string& why) {
+    return make_error(Errc::io_error, path.string() + ": not a valid state file: " + why);
+  };
   try {
-    auto j = nlohmann::json::parse(*text);
+    auto j = nlohmann::json::parse(text);
+    // Every state.json modeld wrote is an object with "services" (or "active", before the list):
+    // `null`, `[]` or `{}` would otherwise read as "nothing in service" while a model serves.
+    if (!j.is_object()) return bad(fmt::format("a JSON {}, not an object", j.type_name()));
+    if (!j.contains("services") && !j.contains("active")) return bad("it has neither \"services\" nor \"active\"");
     DaemonState s;
     // "services" since the list; a file from before it has only "active".
     if (j.contains("services"))
-      for (const auto& a : j.at("services")) s.active.services.push_back(active_record_from_json(a));
-    else if (j.contains("active") && !j["active"].is_null())
+      for (const auto& a : j.at("services").get_ref<const nlohmann::json::array_t&>())
+        s.active.services.push_back(active_record_from_json(a));
+    else if (!j["active"].is_null())
       s.active.put(active_record_from_json(j["active"]));
-    if (j.contains("last_active"))
-      s.last_active = j["last_active"].get<std::map<std::string, std::string>>();
+    if (j.contains("last_active")) s.last_active = j["last_active"].get<std::map<std::string, std::string>>();
     if (j.contains("pulled")) s.pulled = j["pulled"].get<Pulled>();
     return s;
   } catch (const nlohmann::json::exception& e) {
-    return make_error(Errc::io_error, path.string() + ": not a valid state file: " + e.what());
+    return bad(e.what());
   }
+}
+
+}  // namespace
+
+Result<DaemonState> StateStore::read_state_file(const fs::path& path) {
+  auto text = util::read_file(path);
+  if (!text) return text.error();
+  return parse_state(path, *text);
+}
+
+Result<DaemonState> StateStore::load() const {
+  auto st = read_state_file(dir_ / "state.json");
+  if (!st && st.error().code == Errc::not_found) return DaemonState{};
+  return st;
+}
+
+LoadedState StateStore::load_or_fall_back() {
+  LoadedState out;
+  const auto current = dir_ / "state.json", previous = dir_ / "state.json.prev";
+  auto text = util::read_file(current);
+  Result<DaemonState> st = text ? parse_state(current, *text) : Result<DaemonState>(text.error());
+  if (st) {
+    out.state = std::move(*st);
+    out.source = StateSource::current;
+    return out;
+  }
+  const bool missing = st.error().code == Errc::not_found;
+  if (!missing) {
+    out.problems.push_back(st.error().message);
+    // Kept for the operator: the next save replaces state.json.
+    std::error_code ec;
+    fs::copy_file(current, dir_ / "state.json.bad", fs::copy_options::overwrite_existing, ec);
+  }
+  auto prev_text = util::read_file(previous);
+  if (!prev_text && prev_text.error().code == Errc::not_found) {
+    out.source = missing ? StateSource::fresh : StateSource::rebuilt;
+    return out;
+  }
+  auto prev = prev_text ? parse_state(previous, *prev_text) : Result<DaemonState>(prev_text.error());
+  if (!prev) {
+    out.problems.push_back(prev.error().message);
+    out.source = StateSource::rebuilt;
+    return out;
+  }
+  if (missing) out.problems.push_back(current.string() + ": missing while state.json.prev exists");
+  out.state = std::move(*prev);
+  out.source = StateSource::previous;
+  return out;
 }
 
 Result<void> StateStore::save(const DaemonState& s) {
@@ -98,7 +161,10 @@ Result<void> StateStore::save(const DaemonState& s) {
   j["active"] = last ? to_json(*last) : nlohmann::json(nullptr);
   j["last_active"] = s.last_active;
   j["pulled"] = s.pulled;
-  return util::write_file_atomically(dir_ / "state.json", util::dump_json(j, 2) + "\n", 0600);
+  const auto text = util::dump_json(j, 2) + "\n";
+  if (auto r = util::write_file_atomically(dir_ / "state.json", text, 0600); !r) return r;
+  // The copy second: a crash between the two writes leaves a good state.json and an older copy.
+  return util::write_file_atomically(dir_ / "state.json.prev", text, 0600);
 }
 
 Result<void> StateStore::save_deployment(const Deployment& d, std::size_t keep) {
@@ -116,6 +182,18 @@ Result<void> StateStore::save_deployment(const Deployment& d, std::size_t keep) 
   return {};
 }
 
+Result<Deployment> read_deployment_file(const fs::path& path) {
+  auto text = util::read_file(path);
+  if (!text) return text.error();
+  try {
+    auto d = deployment_from_json(nlohmann::json::parse(*text));
+    if (!d) return make_error(d.error().code, path.string() + ": " + d.error().message);
+    return d;
+  } catch (const nlohmann::json::exception& e) {
+    return make_error(Errc::io_error, fmt::format("{}: not JSON ({})", path.string(), e.what()));
+  }
+}
+
 std::vector<Deployment> StateStore::load_history(std::size_t limit) const {
   std::vector<fs::path> files;
   std::error_code ec;
@@ -124,18 +202,11 @@ std::vector<Deployment> StateStore::load_history(std::size_t limit) const {
   // Every record kept (at most `keep` of save_deployment), ordered by start below.
   std::vector<Deployment> out;
   for (const auto& f : files) {
-    auto text = util::read_file(f);
-    if (!text) continue;
-    try {
-      auto d = deployment_from_json(nlohmann::json::parse(*text));
-      if (d) {
-        out.push_back(std::move(*d));
-        continue;
-      }
-      sys::logf(sys::Level::warning, "{}: {}, ignoring", f.string(), d.error().message);
-    } catch (const nlohmann::json::exception& e) {
-      sys::logf(sys::Level::warning, "{}: not JSON ({}), ignoring", f.string(), e.what());
-    }
+    auto d = read_deployment_file(f);
+    if (d)
+      out.push_back(std::move(*d));
+    else
+      sys::logf(sys::Level::warning, "{}, ignoring", d.error().message);
   }
   // Newest first: by start second, then by start time in ns (records written without it count
   // as the oldest of their second), then as sort_oldest_first orders ids.

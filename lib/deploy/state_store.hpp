@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace modeld::deploy {
@@ -45,6 +46,29 @@ struct DaemonState {
   Pulled pulled;
 };
 
+/// Where the state modeld starts from came from (StateStore::load_or_fall_back).
+enum class StateSource {
+  fresh,     ///< no state.json and no state.json.prev: a first start
+  current,   ///< state.json
+  previous,  ///< state.json did not read (or was missing); its copy state.json.prev did
+  rebuilt,   ///< neither read: to be rebuilt from the units that run and the store
+};
+
+/// What load_or_fall_back found: the state, its source, and a sentence per file that did not read
+/// ("PATH: why"), for the journal.
+struct LoadedState {
+  DaemonState state;
+  StateSource source = StateSource::fresh;
+  std::vector<std::string> problems;
+};
+
+/// "state.json", "state.json.prev", "rebuilt" or "fresh".
+std::string_view to_string(StateSource source);
+
+/// Reads one deployment record (deployments/ID.json); the error names the file and what is wrong
+/// (unreadable, not JSON, a field missing or of the wrong type). Blocks.
+Result<Deployment> read_deployment_file(const std::filesystem::path& path);
+
 /// Reads and writes state_dir.
 class StateStore {
  public:
@@ -53,14 +77,26 @@ class StateStore {
   /// Creates state_dir and state_dir/deployments (0700); io_error naming the path. Blocks.
   Result<void> init();
 
-  /// Reads state.json; an absent file is an empty state; a corrupt one is io_error naming it
-  /// (never silently replaced: an operator must look). Reads the list of services (with the
-  /// settings each was started with, "started", when recorded), or the single "active" object
-  /// of a file written before it; a file without "pulled" has none. Blocks.
+  /// Reads state.json strictly: an absent file is an empty state; one that cannot be read, is not
+  /// JSON, is not an object with "services" (or, from before the list, "active") or holds a field
+  /// of the wrong type is io_error naming the file and what is wrong. Reads the list of services
+  /// (with the settings each was started with, "started", when recorded), or the single "active"
+  /// object of a file written before it; a file without "pulled" has none. Blocks.
   Result<DaemonState> load() const;
 
-  /// Replaces state.json atomically ("services" and, for older readers, "active"); io_error.
-  /// Blocks (write, fsync of file and directory).
+  /// Reads `path` (state.json or state.json.prev) as load() does; io_error naming it. Blocks.
+  static Result<DaemonState> read_state_file(const std::filesystem::path& path);
+
+  /// What modeld starts from (state recovery rules, docs/hardening.md): state.json when it reads;
+  /// else state.json.prev, the copy of it save() keeps beside it; else nothing, for the
+  /// caller to rebuild from the units that run and the store. A state.json that does not read is
+  /// copied to state.json.bad (for the operator) before anything replaces it; never fails, never
+  /// throws: the reasons are in the result, for the journal. Blocks.
+  LoadedState load_or_fall_back();
+
+  /// Replaces state.json atomically ("services" and, for older readers, "active"), then its copy
+  /// state.json.prev the same way, so a state.json damaged later (by hand, a disk, a tool) has a
+  /// fallback; io_error naming the file. Blocks (two writes, each fsynced with its directory).
   Result<void> save(const DaemonState& state);
 
   /// Replaces deployments/ID.json atomically, and keeps at most `keep` deployment files

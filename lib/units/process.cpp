@@ -43,6 +43,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <map>
 #include <optional>
 #include <signal.h>
@@ -728,6 +729,21 @@ class Core : public std::enable_shared_from_this<Core> {
     }
   }
 
+  std::vector<std::string> units_up(const std::string& pattern) const {
+    std::vector<std::string> out;
+    for (const auto& [name, u] : units_)
+      if (u->main_running && ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) out.push_back(name);
+    return out;
+  }
+
+  std::optional<std::string> dropin(const std::string& name, const std::string& dropin) const {
+    auto it = units_.find(name);
+    if (it == units_.end()) return std::nullopt;
+    auto d = it->second->dropins.find(dropin);
+    if (d == it->second->dropins.end()) return std::nullopt;
+    return d->second;
+  }
+
   Result<void> write_dropin(const std::string& name, const std::string& dropin, const std::string& content) {
     if (name.empty() || dropin.empty() || name.find('/') != std::string::npos ||
         dropin.find('/') != std::string::npos || dropin == "." || dropin == "..")
@@ -965,6 +981,13 @@ class ProcessManager final : public ServiceManager {
   asio::awaitable<Result<void>> reload() override { co_return Result<void>{}; }
   Result<void> write_dropin(const std::string& unit, const std::string& name, const std::string& content) override {
     return core_->write_dropin(unit, name, content);
+  }
+  asio::awaitable<Result<std::vector<std::string>>> units_up(const std::string& pattern) override {
+    co_return core_->units_up(pattern);
+  }
+  // A re-adopted server's drop-ins died with the modeld that wrote them: none until rewritten.
+  Result<std::optional<std::string>> read_dropin(const std::string& unit, const std::string& name) const override {
+    return core_->dropin(unit, name);
   }
   // The servers write to journald under their own identifier, when journald's stream socket is
   // there to take it (start() asks sd_journal_stream_fd); in a container without journald their

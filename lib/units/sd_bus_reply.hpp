@@ -26,6 +26,12 @@ Result<void> manager_call_result(const std::string& unit, const char* method, in
 /// unit_failed "UNIT: GetUnitProcesses reply: ..." when the reply is not of that type.
 Result<std::vector<std::uint32_t>> read_unit_processes(sd_bus_message* reply, const std::string& unit);
 
+/// The names of the units in ListUnitsByPatterns' reply (a(ssssssouso): name, description, load,
+/// active and sub state, followed unit, object path, job id, type and path) whose active state
+/// is up (is_up), in its order; unit_failed "WHAT: ListUnitsByPatterns reply: ..." when the reply
+/// is not of that type.
+Result<std::vector<std::string>> read_units_up(sd_bus_message* reply, const std::string& what);
+
 /// The InvocationID property's reply (ay) as 32 lowercase hex digits; "" for the null ID (a unit
 /// that never ran) and for a reply that is not 16 bytes.
 std::string read_invocation_id(sd_bus_message* reply);

@@ -42,6 +42,14 @@ JournalSource ServiceManager::journal_of(const std::string&) const { return Jour
 
 asio::awaitable<Result<ExecIdentity>> ServiceManager::identity(const std::string&) { co_return ExecIdentity{}; }
 
+asio::awaitable<Result<std::vector<std::string>>> ServiceManager::units_up(const std::string&) {
+  co_return std::vector<std::string>{};
+}
+
+Result<std::optional<std::string>> ServiceManager::read_dropin(const std::string&, const std::string&) const {
+  return std::optional<std::string>{};
+}
+
 namespace {
 // systemd.exec(5) "PROCESS EXIT CODES", table "systemd-specific exit codes", of systemd 252 (Debian
 // 12); the same numbers as EXIT_CHDIR... in systemd's src/basic/exit-status.h.

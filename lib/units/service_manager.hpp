@@ -103,6 +103,15 @@ class ServiceManager {
   /// Who the unit's processes run as (loads the unit if needed); the default, and the process
   /// backend's: the manager's own user (an empty ExecIdentity). unit_failed on a bus error.
   virtual boost::asio::awaitable<Result<ExecIdentity>> identity(const std::string& unit);
+  /// The names of the loaded units matching the glob `pattern` ("modeld-serve@*.service") that are
+  /// up (active, activating or reloading): systemd's ListUnitsByPatterns (org.freedesktop.systemd1
+  /// Manager, systemd >= 230); the process backend's units whose main process runs; the default:
+  /// none. unit_failed on a bus error.
+  virtual boost::asio::awaitable<Result<std::vector<std::string>>> units_up(const std::string& pattern);
+  /// The content of drop-in NAME of `unit` as write_dropin() left it (the systemd backend reads
+  /// unit_dir/UNIT.d/NAME, blocking for one small file; the process backend has it in memory, until
+  /// modeld restarts); nullopt when there is none; io_error naming the path when it cannot be read.
+  virtual Result<std::optional<std::string>> read_dropin(const std::string& unit, const std::string& name) const;
 };
 
 /// ResetFailed(unit), best effort (StartUnit reports the real problem), then StartUnit(unit):

@@ -146,6 +146,20 @@ Result<std::vector<std::uint32_t>> unit_pids(sd_bus* bus, const std::string& uni
   return detail::read_unit_processes(reply.m, unit);
 }
 
+// Every state is asked for (an empty list) and is_up() decides, so a state systemd adds later is
+// not silently left out of the request.
+Result<std::vector<std::string>> list_units_up(sd_bus* bus, const std::string& pattern) {
+  BusError err;
+  Reply request, reply;
+  int r = sd_bus_message_new_method_call(bus, &request.m, kDestination, kManagerPath, kManager, "ListUnitsByPatterns");
+  if (r >= 0) r = sd_bus_message_append_strv(request.m, nullptr);
+  const char* patterns[] = {pattern.c_str(), nullptr};
+  if (r >= 0) r = sd_bus_message_append_strv(request.m, const_cast<char**>(patterns));
+  if (r >= 0) r = sd_bus_call(bus, request.m, 0, &err.e, &reply.m);
+  if (r < 0) return bus_error(pattern, "ListUnitsByPatterns", r, err.e);
+  return detail::read_units_up(reply.m, pattern);
+}
+
 class SystemdManager final : public ServiceManager {
  public:
   SystemdManager(asio::any_io_executor executor, std::filesystem::path unit_dir)
@@ -205,6 +219,17 @@ class SystemdManager final : public ServiceManager {
   Result<void> write_dropin(const std::string& unit, const std::string& name,
                             const std::string& content) override {
     return write_dropin_file(unit_dir_, unit, name, content);
+  }
+
+  asio::awaitable<Result<std::vector<std::string>>> units_up(const std::string& pattern) override {
+    return on_bus<std::vector<std::string>>([pattern](sd_bus* bus) { return list_units_up(bus, pattern); });
+  }
+
+  Result<std::optional<std::string>> read_dropin(const std::string& unit, const std::string& name) const override {
+    auto text = util::read_file(unit_dir_ / (unit + ".d") / name, 1 << 20);
+    if (!text && text.error().code == Errc::not_found) return std::optional<std::string>{};
+    if (!text) return text.error();
+    return std::optional<std::string>(std::move(*text));
   }
 
  private:
@@ -311,6 +336,24 @@ Result<std::vector<std::uint32_t>> read_unit_processes(sd_bus_message* reply, co
     pids.push_back(pid);
   }
   return pids;
+}
+
+Result<std::vector<std::string>> read_units_up(sd_bus_message* reply, const std::string& what) {
+  const sd_bus_error none = SD_BUS_ERROR_NULL;
+  std::vector<std::string> names;
+  int r = sd_bus_message_enter_container(reply, 'a', "(ssssssouso)");
+  if (r < 0) return bus_error(what, "ListUnitsByPatterns reply", r, none);
+  for (;;) {
+    const char *name = nullptr, *description = nullptr, *load = nullptr, *active = nullptr, *sub = nullptr,
+               *following = nullptr, *path = nullptr, *job_type = nullptr, *job_path = nullptr;
+    std::uint32_t job = 0;
+    r = sd_bus_message_read(reply, "(ssssssouso)", &name, &description, &load, &active, &sub, &following, &path, &job,
+                            &job_type, &job_path);
+    if (r < 0) return bus_error(what, "ListUnitsByPatterns reply", r, none);
+    if (r == 0) break;
+    if (is_up(parse_active_state(active))) names.emplace_back(name);
+  }
+  return names;
 }
 
 namespace {

@@ -1960,3 +1960,75 @@ TEST_CASE("the pre-flight runs again right before stopping_old: a port taken dur
   CHECK_FALSE(end.old_stopped);
   check_old_untouched(fx);
 }
+
+namespace {
+// The daemon's stop: shutdown() to its end, then the Deployer gone (a next boot() makes another).
+void shut_down(Fixture& fx) {
+  bool done = false;
+  fx.deployer->shutdown([&] { done = true; });
+  REQUIRE(fx.run_until([&] { return done; }));
+  fx.deployer.reset();
+}
+}  // namespace
+
+TEST_CASE("a start with an empty state adopts the model service that runs, and rm then refuses it") {
+  Fixture fx;
+  // What recover() writes for "old" when its state is known: the drop-in of today's configuration.
+  fx.boot();
+  const auto dropin = fx.units.dropins.at(kOldUnit);
+  shut_down(fx);
+  for (const std::string text : {"null", "[]"}) {
+    INFO("state.json: " << text);
+    std::ofstream(fx.cfg->daemon.state_dir / "state.json", std::ios::trunc) << text;
+    fs::remove(fx.cfg->daemon.state_dir / "state.json.prev");
+    fx.units.dropins[kOldUnit] = dropin;
+    fx.boot();
+    auto services = fx.deployer->services();
+    REQUIRE(services.size() == 1);
+    CHECK(services[0].model == "old");
+    CHECK(services[0].commit == kOld);
+    // Adopted with the settings its drop-in shows, so a redeploy of the same is a no-op.
+    auto st = fx.states.load();
+    REQUIRE(st);
+    REQUIRE(st->active.find("old"));
+    REQUIRE(st->active.find("old")->started);
+    CHECK(*st->active.find("old")->started == fx.started_now("old"));
+    auto rm = fx.run(fx.deployer->remove("old"));
+    REQUIRE_FALSE(rm);
+    CHECK(rm.error().code == Errc::model_active);
+    CHECK(fs::exists(fx.store.revision_dir("old", kOld)));
+    shut_down(fx);
+  }
+}
+
+TEST_CASE("a running unit that cannot be adopted is reported, and rm of its model is refused while it runs") {
+  Fixture fx;
+  fx.record_active("spare", kSpare);  // "old" runs, but the state has only "spare"
+  fx.units.states["modeld-serve@spare.service"] = "active";
+  REQUIRE(fs::remove(fx.store.model_path("old")));  // what "old" serves is unknown now
+  fx.boot();
+  CHECK(serving_models(fx) == std::vector<std::string>{"spare"});
+  CHECK(fx.units.state_of(kOldUnit) == "active");  // left alone
+  auto rm = fx.run(fx.deployer->remove("old"));
+  REQUIRE_FALSE(rm);
+  CHECK(rm.error().code == Errc::model_active);
+  CHECK(rm.error().message.find("systemctl stop modeld-serve@old.service") != std::string::npos);
+  auto one = fx.run(fx.deployer->remove_revision("old", kOld));
+  REQUIRE_FALSE(one);
+  CHECK(one.error().code == Errc::model_active);
+  CHECK(fs::exists(fx.store.revision_dir("old", kOld)));
+  fx.units.states[kOldUnit] = "inactive";
+  auto after = fx.run(fx.deployer->remove("old"));
+  REQUIRE(after);
+}
+
+TEST_CASE("a start whose state.json is damaged falls back to its copy and writes a good state.json again") {
+  Fixture fx;
+  std::ofstream(fx.cfg->daemon.state_dir / "state.json", std::ios::trunc) << "{\"services\": [";
+  fx.boot();
+  CHECK(serving_models(fx) == std::vector<std::string>{"old"});
+  auto st = fx.states.load();
+  REQUIRE(st);
+  CHECK(st->active.find("old"));
+  CHECK(fs::exists(fx.cfg->daemon.state_dir / "state.json.bad"));
+}

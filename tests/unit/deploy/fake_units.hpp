@@ -12,6 +12,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
+#include <fnmatch.h>
 #include <functional>
 #include <map>
 #include <optional>
@@ -109,6 +110,19 @@ class FakeUnits : public units::ServiceManager {
   Result<void> write_dropin(const std::string& unit, const std::string&, const std::string& text) override {
     dropins[unit] = text;
     return {};
+  }
+  // The units of `states` that are up (those of `active_state` alone are not listed, as systemd
+  // lists only loaded units).
+  boost::asio::awaitable<Result<std::vector<std::string>>> units_up(const std::string& pattern) override {
+    std::vector<std::string> out;
+    for (const auto& [unit, state] : states)
+      if (units::is_up(units::parse_active_state(state)) && ::fnmatch(pattern.c_str(), unit.c_str(), 0) == 0)
+        out.push_back(unit);
+    co_return out;
+  }
+  Result<std::optional<std::string>> read_dropin(const std::string& unit, const std::string&) const override {
+    auto it = dropins.find(unit);
+    return it == dropins.end() ? std::optional<std::string>{} : std::optional<std::string>(it->second);
   }
 
  private:

@@ -222,3 +222,92 @@ TEST_CASE("several services survive a save and a load in the order they were put
   CHECK_FALSE(back->active.erase("b"));
   CHECK(back->active.services.size() == 1);
 }
+
+namespace {
+DaemonState serving(const std::string& model) {
+  DaemonState st;
+  st.active.put(ActiveRecord{model, std::string(40, 'c'), "2026-12-02T10:00:00Z"});
+  return st;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+}  // namespace
+
+TEST_CASE("a state.json that is not an object of services is refused by name, never read as nothing in service") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  for (const std::string text : {"null", "[]", "{}", "", "{\"services\": [", "{\"services\": {}}", "\x01\x02garbage"}) {
+    INFO("state.json: " << text);
+    std::ofstream(t.path / "state.json", std::ios::trunc) << text;
+    auto st = s.load();
+    REQUIRE_FALSE(st.has_value());
+    CHECK(st.error().message.find((t.path / "state.json").string() + ": not a valid state file") != std::string::npos);
+  }
+}
+
+TEST_CASE("every save keeps a copy in state.json.prev, which a start falls back to when state.json is damaged") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  REQUIRE(s.save(serving("a")).has_value());
+  REQUIRE(s.save(serving("b")).has_value());
+  CHECK(slurp(t.path / "state.json.prev") == slurp(t.path / "state.json"));
+  for (const std::string text : {"null", "[]", "", "{\"services\": [{\"model\": "}) {
+    INFO("state.json: " << text);
+    std::ofstream(t.path / "state.json", std::ios::trunc) << text;
+    auto loaded = s.load_or_fall_back();
+    CHECK(loaded.source == StateSource::previous);
+    REQUIRE(loaded.state.active.last());
+    CHECK(loaded.state.active.last()->model == "b");
+    REQUIRE(loaded.problems.size() == 1);
+    CHECK(loaded.problems[0].find("state.json: not a valid state file") != std::string::npos);
+    CHECK(slurp(t.path / "state.json.bad") == text);
+  }
+}
+
+TEST_CASE("a missing state.json beside its copy falls back to the copy and says so") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  REQUIRE(s.save(serving("a")).has_value());
+  fs::remove(t.path / "state.json");
+  auto loaded = s.load_or_fall_back();
+  CHECK(loaded.source == StateSource::previous);
+  REQUIRE(loaded.state.active.find("a"));
+  REQUIRE(loaded.problems.size() == 1);
+  CHECK(loaded.problems[0].find("missing") != std::string::npos);
+}
+
+TEST_CASE("with neither state.json nor its copy readable the state is to be rebuilt, and with neither present it is fresh") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  auto fresh = s.load_or_fall_back();
+  CHECK(fresh.source == StateSource::fresh);
+  CHECK(fresh.problems.empty());
+  std::ofstream(t.path / "state.json") << "[]";
+  auto no_copy = s.load_or_fall_back();
+  CHECK(no_copy.source == StateSource::rebuilt);
+  CHECK_FALSE(no_copy.state.active);
+  std::ofstream(t.path / "state.json.prev") << "null";
+  auto both_bad = s.load_or_fall_back();
+  CHECK(both_bad.source == StateSource::rebuilt);
+  CHECK_FALSE(both_bad.state.active);
+  CHECK(both_bad.problems.size() == 2);
+}
+
+TEST_CASE("a good state.json is what a start uses, whatever its copy holds") {
+  TempDir t;
+  StateStore s(t.path);
+  REQUIRE(s.init().has_value());
+  REQUIRE(s.save(serving("a")).has_value());
+  std::ofstream(t.path / "state.json.prev", std::ios::trunc) << "garbage";
+  auto loaded = s.load_or_fall_back();
+  CHECK(loaded.source == StateSource::current);
+  REQUIRE(loaded.state.active.find("a"));
+  CHECK(loaded.problems.empty());
+}

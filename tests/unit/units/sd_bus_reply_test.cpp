@@ -94,6 +94,27 @@ TEST_CASE("GetUnitProcesses' reply gives every PID in systemd's order") {
   CHECK(empty->empty());
 }
 
+TEST_CASE("ListUnitsByPatterns' reply gives the units that are up, in systemd's order") {
+  const std::string pattern = "modeld-serve@*.service";
+  Message four([](sd_bus_message* m) {
+    const char* o = "/org/freedesktop/systemd1/unit/x";
+    return sd_bus_message_append(m, "a(ssssssouso)", 4,  //
+                                 "modeld-serve@a.service", "a", "loaded", "active", "running", "", o, 0u, "", "/",
+                                 "modeld-serve@b.service", "b", "loaded", "failed", "failed", "", o, 0u, "", "/",
+                                 "modeld-serve@c.service", "c", "loaded", "activating", "start", "", o, 7u, "start", o,
+                                 "modeld-serve@d.service", "d", "loaded", "inactive", "dead", "", o, 0u, "", "/");
+  });
+  auto up = detail::read_units_up(four.get(), pattern);
+  REQUIRE(up.has_value());
+  CHECK(*up == std::vector<std::string>{"modeld-serve@a.service", "modeld-serve@c.service"});
+
+  Message strings([](sd_bus_message* m) { return sd_bus_message_append(m, "as", 1, "modeld-serve@a.service"); });
+  auto bad = detail::read_units_up(strings.get(), pattern);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().code == Errc::unit_failed);
+  CHECK_THAT(bad.error().message, Catch::StartsWith(pattern + ": ListUnitsByPatterns reply: "));
+}
+
 TEST_CASE("a GetUnitProcesses reply of another type is unit_failed naming the unit and the reply") {
   Message strings([](sd_bus_message* m) { return sd_bus_message_append(m, "as", 1, "12"); });
   auto pids = detail::read_unit_processes(strings.get(), kUnit);
