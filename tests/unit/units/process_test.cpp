@@ -358,15 +358,29 @@ TEST_CASE("starting a unit without a drop-in or with a missing program is unit_f
   CHECK(await(h.io, h.m->stop(h.unit)).has_value());  // nothing to stop is no error
 }
 
-TEST_CASE("a restarted manager re-adopts the server its predecessor started, and can stop it") {
+TEST_CASE("a restarted manager re-adopts the server its predecessor started, lists it as up, and can stop it") {
   Harness h;
   h.configure("exec sleep 600", "TimeoutStopSec=7s\n");
   h.start();
   auto before = h.status();
+
+  // The drop-in it ran with is known only to the manager that wrote it.
+  auto dropin = h.m->read_dropin(h.unit, "10-modeld.conf");
+  REQUIRE(dropin.has_value());
+  CHECK(dropin->has_value());
   h.m.reset();  // modeld exits: the server keeps running
   CHECK(::kill(static_cast<pid_t>(before.main_pid), 0) == 0);
 
   h.m = make_process_manager(h.io.get_executor(), h.options());
+  auto listed = await(h.io, h.m->units_up("modeld-serve@*.service"));
+  REQUIRE(listed.has_value());
+  CHECK(*listed == std::vector<std::string>{h.unit});
+  auto none = await(h.io, h.m->units_up("other@*.service"));
+  REQUIRE(none.has_value());
+  CHECK(none->empty());
+  auto lost = h.m->read_dropin(h.unit, "10-modeld.conf");
+  REQUIRE(lost.has_value());
+  CHECK_FALSE(lost->has_value());
   auto after = h.status();
   CHECK(after.active_state == ActiveState::active);
   CHECK(after.main_pid == before.main_pid);
