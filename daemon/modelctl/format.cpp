@@ -5,6 +5,7 @@
 
 #include "util/text.hpp"
 #include "util/quantities.hpp"
+#include "wire/switch_report.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -208,7 +209,7 @@ std::vector<std::string> progress_lines(const json& p, std::size_t columns, std:
 std::string switch_text(const json& d) {
   const auto& s = d.is_object() ? d.value("switch", json()) : json();
   if (!s.is_object()) return "";
-  return modeld::util::describe_switch(num(s, "downtime_s"), num(s, "stop_s"), num(s, "launch_s"),
+  return modeld::wire::describe_switch(num(s, "downtime_s"), num(s, "stop_s"), num(s, "launch_s"),
                                        num(s, "start_to_port_s"), num(s, "port_to_ready_s"));
 }
 

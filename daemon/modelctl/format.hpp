@@ -64,7 +64,7 @@ std::vector<std::string> progress_lines(const nlohmann::json& progress, std::siz
                                         std::size_t max_files = 16);
 
 /// A DEPLOYMENT's "switch" as "downtime 2 min 12 s: stop 4.0 s, launch 1.0 s, load 2 min 2 s,
-/// readiness 5.0 s" (modeld::util::describe_switch); empty when it is null or missing.
+/// readiness 5.0 s" (modeld::wire::describe_switch); empty when it is null or missing.
 std::string switch_text(const nlohmann::json& deployment);
 
 /// A DEPLOYMENT as the lines of a live view (modelctl watch on a terminal): id, model, commit,

@@ -8,6 +8,7 @@
 #include "modelctl/watch.hpp"
 #include "util/json.hpp"
 
+#include "repo/ids.hpp"
 #include "util/text.hpp"
 
 #include <CLI/CLI.hpp>
@@ -343,7 +344,7 @@ int cmd_cancel(Context& c) {
 // (exit 2) before any request, quoted with control bytes escaped so a terminal shows them.
 const CLI::Validator kModelName(
     [](std::string& name) -> std::string {
-      if (modeld::util::valid_model_name(name)) return {};
+      if (modeld::repo::valid_model_name(name)) return {};
       std::string shown;
       for (unsigned char ch : name)
         shown += (ch < 0x20 || ch == 0x7f || ch >= 0x80) ? fmt::format("\\x{:02x}", ch) : std::string(1, static_cast<char>(ch));
@@ -354,12 +355,12 @@ const CLI::Validator kModelName(
 // A commit id as the Hub writes it (40 lowercase hex digits); anything else is bad usage (exit 2).
 const CLI::Validator kCommit(
     [](std::string& commit) -> std::string {
-      return modeld::util::is_commit_id(commit) ? std::string() : "a commit is 40 lowercase hex digits";
+      return modeld::repo::is_commit_id(commit) ? std::string() : "a commit is 40 lowercase hex digits";
     },
     "COMMIT");
 
 int cmd_logs(bool follow, const std::string& name) {
-  if (!name.empty() && !modeld::util::valid_model_name(name)) {
+  if (!name.empty() && !modeld::repo::valid_model_name(name)) {
     fmt::print(stderr, "modelctl: \"{}\" is not a valid model name\n", name);
     return exit_refused;
   }

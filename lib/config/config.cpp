@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include "repo/ids.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
 
@@ -187,18 +188,6 @@ bool valid_env_name(std::string_view name) {
   if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-  });
-}
-
-// "org/name": exactly one '/', both parts non-empty, and only the characters the Hub allows in
-// repository ids.
-bool valid_repo_id(std::string_view repo) {
-  auto slash = repo.find('/');
-  if (slash == std::string_view::npos || slash == 0 || slash + 1 == repo.size()) return false;
-  if (repo.find('/', slash + 1) != std::string_view::npos) return false;
-  return std::all_of(repo.begin(), repo.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-           c == '_' || c == '.' || c == '/';
   });
 }
 
@@ -697,14 +686,14 @@ class Checker {
     bool split_name = false;
     check_keys(t, header, kModelKeys, [&](const toml::key& key, const toml::node& node) -> std::string {
       std::string joined = name + "." + std::string(key.str());
-      if (!node.is_table() || !util::valid_model_name(joined)) return {};
+      if (!node.is_table() || !repo::valid_model_name(joined)) return {};
       split_name = true;
       return fmt::format("; a model name containing '.' must be quoted: [models.\"{}\"]", joined);
     });
     if (!t.contains("repo")) {
       if (!split_name)
         problem(t.source(), fmt::format("missing required key 'repo' in {}", header));
-    } else if (read(t, "repo", prefix + ".repo", m.repo) && !valid_repo_id(m.repo)) {
+    } else if (read(t, "repo", prefix + ".repo", m.repo) && !repo::valid_repo_id(m.repo)) {
       problem(t.get("repo")->source(),
               fmt::format("{}.repo must look like \"org/name\" (e.g. \"moonshotai/Kimi-K2.5\"), got \"{}\"", prefix,
                           m.repo));
@@ -733,7 +722,7 @@ class Checker {
   void check_models(const toml::table& models, Config& config) {
     for (auto&& [key, node] : models) {
       std::string name(key.str());
-      if (!util::valid_model_name(name)) {
+      if (!repo::valid_model_name(name)) {
         problem(key.source(),
                 fmt::format("invalid model name '{}' in [models]: names are [a-z0-9][a-z0-9._-]{{0,63}} "
                             "(they become unit and folder names)",

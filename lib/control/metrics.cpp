@@ -6,6 +6,7 @@
 #include "control/metrics_room.hpp"
 
 #include "control/routes.hpp"
+#include "control/session.hpp"
 #include "sys/log.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -363,23 +364,21 @@ void MetricsListener::Impl::forget(std::uint64_t id) {
 
 asio::awaitable<void> MetricsListener::Impl::session(std::shared_ptr<Stream> stream, std::uint64_t id) {
   auto self = shared_from_this();
-  struct Leave {
-    Impl& impl;
-    std::uint64_t id;
-    Stream& stream;
-    ~Leave() {
-      impl.forget(id);
-      stream.close();
-    }
-  } leave{*this, id, *stream};
-  beast::flat_buffer buffer(2 * header_limit);
-  while (!stopped) {
-    bhttp::request_parser<bhttp::string_body> parser;
-    room.set_answering(id, false);
-    if (!co_await read_request(*stream, buffer, parser)) co_return;
-    room.set_answering(id, true);
-    if (!co_await answer(*stream, parser.get())) co_return;
-  }
+  // Waiting for a request until one is read, answering from then until the answer is written.
+  co_await detail::serve_requests(
+      2 * header_limit, [this] { return stopped; },
+      [this, stream, id](beast::flat_buffer& buffer, bhttp::request_parser<bhttp::string_body>& parser) {
+        room.set_answering(id, false);
+        return read_request(*stream, buffer, parser);
+      },
+      [this, stream, id](const bhttp::request<bhttp::string_body>& req) {
+        room.set_answering(id, true);
+        return answer(*stream, req);
+      },
+      [this, stream, id] {
+        forget(id);
+        stream->close();
+      });
 }
 
 asio::awaitable<bool> MetricsListener::Impl::read_request(Stream& stream, beast::flat_buffer& buffer,

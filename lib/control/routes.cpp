@@ -9,6 +9,7 @@
 #include "deploy/deployment.hpp"
 #include "gpu/nvml.hpp"
 #include "sys/log.hpp"
+#include "repo/ids.hpp"
 #include "util/text.hpp"
 
 #include <fmt/format.h>
@@ -205,7 +206,7 @@ Result<void> read_bool_field(const std::string& key, const json& value, bool& ou
 
 // Reads the "commit" of a deployment request; bad_request unless it is 40 lowercase hex digits.
 Result<void> read_commit(const json& value, std::optional<std::string>& out) {
-  if (!value.is_string() || !util::is_commit_id(value.get<std::string>()))
+  if (!value.is_string() || !repo::is_commit_id(value.get<std::string>()))
     return make_error(Errc::bad_request, "field \"commit\" must be a commit id of 40 lowercase hex digits");
   out = value.get<std::string>();
   return {};
@@ -725,7 +726,7 @@ Result<std::optional<std::string>> commit_param(std::string_view query) {
   const auto params = parse_query(query);
   const auto c = params.find("commit");
   if (c == params.end()) return std::optional<std::string>();
-  if (!util::is_commit_id(c->second))
+  if (!repo::is_commit_id(c->second))
     return make_error(Errc::bad_request, "commit must be a commit id of 40 lowercase hex digits");
   return std::optional<std::string>(c->second);
 }
@@ -760,7 +761,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (!allow_downtime) co_return error_for(allow_downtime.error());
     auto commit = commit_param(query);
     if (!commit) co_return error_for(commit.error());
-    if (!util::valid_model_name(name)) co_return unknown();
+    if (!repo::valid_model_name(name)) co_return unknown();
     // A plan lists the Hub (and holds the listing while it runs): a few at once per user.
     std::optional<HubReads::Slot> slot;
     if (hub_reads) {
@@ -776,7 +777,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    if (!util::valid_model_name(name)) co_return unknown();
+    if (!repo::valid_model_name(name)) co_return unknown();
     auto report = co_await engine.verify(name);
     if (!report) co_return error_for(report.error());
     co_return json_response(200, verify_json(*report));
@@ -796,12 +797,12 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
   if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
   if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
   if (auto ok = known_query(query, path, {"commit"}); !ok) co_return error_for(ok.error());
-  if (!util::valid_model_name(name)) co_return unknown();
+  if (!repo::valid_model_name(name)) co_return unknown();
   // ?commit=C removes that one revision; without it, the whole model.
   const auto params = parse_query(query);
   const auto commit = params.find("commit");
   const std::optional<std::string> one = commit == params.end() ? std::nullopt : std::optional(commit->second);
-  if (one && !util::is_commit_id(*one))
+  if (one && !repo::is_commit_id(*one))
     co_return error_for(make_error(Errc::bad_request, "commit must be a commit id of 40 lowercase hex digits"));
   Result<deploy::Removal> removed = make_error(Errc::internal, "not removed");
   if (one)

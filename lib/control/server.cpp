@@ -5,6 +5,7 @@
 #include "control/server.hpp"
 
 #include "control/accept.hpp"
+#include "control/session.hpp"
 #include "util/throttle.hpp"
 
 #include "sys/log.hpp"
@@ -324,27 +325,19 @@ asio::awaitable<void> Server::Impl::answer_and_close(Conn& conn, unsigned status
 
 asio::awaitable<void> Server::Impl::session(std::shared_ptr<Conn> conn, std::uint64_t id) {
   auto self = shared_from_this();
-  struct Leave {
-    Impl& impl;
-    std::uint64_t id;
-    std::shared_ptr<Conn> conn;
-    ~Leave() {
-      impl.conns.erase(id);
-      conn->close();
-    }
-  } leave{*this, id, conn};
-
-  if (stopped) co_return;
   const auto& limits = options.limits;
   // Room for one whole request and the start of a pipelined next one; the parser's limits
   // are what bound a single request.
-  beast::flat_buffer buffer(2 * (limits.header_bytes + limits.body_bytes));
-
-  while (!stopped) {
-    http::request_parser<http::string_body> parser;
-    if (!co_await read_request(*conn, buffer, parser)) co_return;
-    if (!co_await answer(conn, parser.get())) co_return;
-  }
+  co_await detail::serve_requests(
+      2 * (limits.header_bytes + limits.body_bytes), [this] { return stopped; },
+      [this, conn](beast::flat_buffer& buffer, http::request_parser<http::string_body>& parser) {
+        return read_request(*conn, buffer, parser);
+      },
+      [this, conn](http::request<http::string_body>& msg) { return answer(conn, msg); },
+      [this, conn, id] {
+        conns.erase(id);
+        conn->close();
+      });
 }
 
 asio::awaitable<bool> Server::Impl::read_request(Conn& conn, beast::flat_buffer& buffer,

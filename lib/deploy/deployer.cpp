@@ -15,6 +15,7 @@
 #include "util/test_hooks.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
+#include "wire/switch_report.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -480,7 +481,7 @@ asio::awaitable<void> Deployer::apply_started(Running& r, std::int64_t start_req
     field("MODELD_LOAD_S", w.start_to_port_s);
     field("MODELD_READINESS_S", w.port_to_ready_s);
     sys::logf(sys::Level::notice, f, "switch {}",
-              util::describe_switch(w.downtime_s, w.stop_s, w.launch_s, w.start_to_port_s, w.port_to_ready_s));
+              wire::describe_switch(w.downtime_s, w.stop_s, w.launch_s, w.start_to_port_s, w.port_to_ready_s));
   }
   co_await persist_now(d);
 }

@@ -38,18 +38,6 @@ namespace {
 // The longest gap between two "loading" lines in modeld's journal while a server loads.
 constexpr std::chrono::milliseconds kProgressEvery = std::chrono::seconds(30);
 
-
-std::string_view step_name(health::Step s) {
-  switch (s) {
-    case health::Step::unit_active: return "unit_active";
-    case health::Step::port: return "port";
-    case health::Step::health: return "health";
-    case health::Step::models: return "models";
-    case health::Step::completion: return "completion";
-    case health::Step::ready: return "ready";
-  }
-  return "?";
-}
 // wait_model_ready with the real probes.
 boost::asio::awaitable<Result<Readiness>> probe_until_ready(Services& s, const config::ModelConfig& m,
                                                        const sys::Fields& fields) {
@@ -85,8 +73,8 @@ boost::asio::awaitable<Result<Readiness>> probe_until_ready(Services& s, const c
     if (step == health::Step::ready) marks.ready_ns = wall_clock_ns();
     auto secs = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0);
     sys::Fields f = fields;
-    f.extra.emplace_back("MODELD_READINESS_STEP", std::string(step_name(step)));
-    sys::logf(sys::Level::info, f, "{} ({} after the start)", detail.empty() ? std::string(step_name(step)) : detail,
+    f.extra.emplace_back("MODELD_READINESS_STEP", std::string(health::step_name(step)));
+    sys::logf(sys::Level::info, f, "{} ({} after the start)", detail.empty() ? std::string(health::step_name(step)) : detail,
               util::format_duration(secs));
   };
   options.on_progress = [&](const health::Progress& p) {

@@ -1,11 +1,10 @@
 // Leftovers of a stopped service: who still listens on a port (proc(5): /proc/net/tcp{,6},
-// /proc/PID/fd) and what a process is called.
+// /proc/PID/fd).
 #include "deploy/leftovers.hpp"
 
 #include "sys/log.hpp"
 #include "units/service_manager.hpp"
 #include "util/files.hpp"
-#include "util/text.hpp"
 
 #include <fmt/format.h>
 
@@ -18,12 +17,6 @@
 namespace modeld::deploy {
 
 namespace fs = std::filesystem;
-
-std::string process_name(std::uint32_t pid) {
-  auto comm = util::read_file(fs::path("/proc") / std::to_string(pid) / "comm", 4096);
-  if (!comm) return "";
-  return std::string(util::trim(*comm));
-}
 
 namespace {
 
@@ -68,7 +61,7 @@ PortUse port_use(std::uint16_t port) {
       const ssize_t n = ::readlink(fd->path().c_str(), buf, sizeof buf - 1);
       if (n <= 0 || !wanted.contains(std::string(buf, static_cast<std::size_t>(n)))) continue;
       const auto pid = static_cast<std::uint32_t>(std::strtoul(name.c_str(), nullptr, 10));
-      use.holders.push_back({pid, process_name(pid)});
+      use.holders.push_back({pid, util::process_name(pid)});
       break;
     }
   }

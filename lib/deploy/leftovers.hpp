@@ -21,9 +21,6 @@ struct ProcessRef {
   std::string name;
 };
 
-/// The name the kernel gives process `pid` (/proc/PID/comm, trimmed); "" when it is gone.
-std::string process_name(std::uint32_t pid);
-
 /// Processes that hold a TCP socket listening on `port` (any address, IPv4 or IPv6), found by
 /// the socket inodes of /proc/net/tcp and tcp6 in state LISTEN and the /proc/PID/fd links to
 /// them; `listening` is true whenever such a socket exists, even when its holder cannot be seen.

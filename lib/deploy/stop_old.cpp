@@ -7,6 +7,7 @@
 #include "deploy/leftovers.hpp"
 #include "deploy/preflight.hpp"
 #include "units/service_manager.hpp"
+#include "util/files.hpp"
 #include "util/poll.hpp"
 #include "util/quantities.hpp"
 #include "util/test_hooks.hpp"
@@ -82,7 +83,7 @@ asio::awaitable<Result<Leftovers>> find_leftovers(Services& s, const std::vector
     new_is_old = new_is_old || o.unit == new_unit;
     const auto pids = co_await pids_or_none(s.units, o.unit);
     std::vector<ProcessRef> procs;
-    for (auto pid : pids) procs.push_back({pid, process_name(pid)});
+    for (auto pid : pids) procs.push_back({pid, util::process_name(pid)});
     if (!procs.empty()) out.in_cgroup.emplace_back(o.unit, std::move(procs));
   }
   std::set<std::uint32_t> ours;

@@ -8,6 +8,7 @@
 #include "util/json.hpp"
 
 #include "fetch/fetch.hpp"
+#include "repo/ids.hpp"
 #include "store/store.hpp"
 #include "sys/notify.hpp"
 #include "sys/task.hpp"
@@ -42,7 +43,7 @@ namespace {
 // Whether anything of `model` is under models_dir: its link (or whatever is at its name) or its
 // store folder. A name that is not a valid model name never is.
 bool on_disk(const store::Store& st, const std::string& model) {
-  if (!util::valid_model_name(model)) return false;
+  if (!repo::valid_model_name(model)) return false;
   struct stat sb {};
   if (::lstat(st.model_path(model).c_str(), &sb) == 0) return true;
   const auto dir = st.models_dir() / ".store" / model;

@@ -1,6 +1,6 @@
 #include "gpu/nvml.hpp"
 
-#include "util/text.hpp"
+#include "util/files.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <cstdlib>
 
 namespace modeld::gpu {
@@ -57,15 +56,6 @@ constexpr unsigned kUuidBuffer = 96;                               // NVML_DEVIC
 constexpr std::size_t kMaxProcesses = 4096;  // a bound on what one GPU's list may make us allocate
 
 constexpr Errc kGpuErrc = Errc::unit_failed;
-
-// A process name for messages: /proc/PID/comm (what ps shows; vLLM names its workers
-// "VLLM::Worker" there). Empty when the process is gone or lives in another PID namespace.
-std::string process_name(std::uint32_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
-  std::string name;
-  if (!in || !std::getline(in, name)) return {};
-  return std::string(util::trim(name));
-}
 
 std::string gpu_label(const Gpu& g) { return fmt::format("GPU {} ({})", g.index, g.name); }
 
@@ -271,7 +261,7 @@ Result<std::optional<Snapshot>> Nvml::snapshot() {
         GpuProcess p;
         p.pid = info.pid;
         if (info.usedGpuMemory != kValueNotAvailable) p.used_bytes = info.usedGpuMemory;
-        p.name = process_name(p.pid);
+        p.name = util::process_name(p.pid);
         g.processes.push_back(std::move(p));
       }
     } else {

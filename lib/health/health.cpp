@@ -3,6 +3,7 @@
 #include "util/on_pool.hpp"
 #include "util/poll.hpp"
 #include "util/quantities.hpp"
+#include "util/text.hpp"
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -30,13 +31,9 @@ using asio::awaitable;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-constexpr std::size_t kMaxProbeBody = 1u << 20;
-
-const char* step_name(Step s) {
+std::string_view step_name(Step s) noexcept {
   switch (s) {
-    case Step::unit_active: return "unit active";
+    case Step::unit_active: return "unit_active";
     case Step::port: return "port";
     case Step::health: return "health";
     case Step::models: return "models";
@@ -46,13 +43,12 @@ const char* step_name(Step s) {
   return "?";
 }
 
-// Server text fit for one line of a message.
-std::string excerpt(std::string_view text, std::size_t limit = 200) {
-  std::string out;
-  for (char c : text.substr(0, limit)) out.push_back(static_cast<unsigned char>(c) < 0x20 ? ' ' : c);
-  if (text.size() > limit) out += "...";
-  return out;
-}
+namespace {
+
+constexpr std::size_t kMaxProbeBody = 1u << 20;
+
+// How much of a server's answer a message quotes.
+constexpr std::size_t kExcerptBytes = 200;
 
 Result<http::Request> make_request(const Target& t, std::string method, const std::string& path, std::string body = {}) {
   std::string host = t.host.find(':') != std::string::npos ? "[" + t.host + "]" : t.host;
@@ -77,6 +73,7 @@ awaitable<Result<void>> probe_steps(http::Client& client, const Target& t, const
   auto fail = [](Step step, std::string what) {
     return make_error(Errc::health_failed, fmt::format("{} check: {}", step_name(step), what));
   };
+  auto quote = [](std::string_view answer) { return util::excerpt(answer, kExcerptBytes); };
 
   // 1. GET health_path answers 200.
   auto req = make_request(t, "GET", t.health_path);
@@ -85,7 +82,7 @@ awaitable<Result<void>> probe_steps(http::Client& client, const Target& t, const
   auto r = co_await client.request(*req, kMaxProbeBody);
   if (!r) co_return r.error();
   if (r->head.status != 200)
-    co_return fail(Step::health, fmt::format("GET {} answered {}: {}", where, r->head.status, excerpt(r->body)));
+    co_return fail(Step::health, fmt::format("GET {} answered {}: {}", where, r->head.status, quote(r->body)));
   passed(Step::health, fmt::format("GET {} answered 200", where));
 
   // 2. GET models_path lists the served name.
@@ -95,18 +92,18 @@ awaitable<Result<void>> probe_steps(http::Client& client, const Target& t, const
   r = co_await client.request(*req, kMaxProbeBody);
   if (!r) co_return r.error();
   if (r->head.status != 200)
-    co_return fail(Step::models, fmt::format("GET {} answered {}: {}", where, r->head.status, excerpt(r->body)));
+    co_return fail(Step::models, fmt::format("GET {} answered {}: {}", where, r->head.status, quote(r->body)));
   json models = json::parse(r->body, nullptr, false);
   auto data = models.is_object() ? models.find("data") : models.end();
   if (models.is_discarded() || !models.is_object() || data == models.end() || !data->is_array())
     co_return fail(Step::models, fmt::format("GET {} did not answer a JSON object with a 'data' array: {}", where,
-                                             excerpt(r->body)));
+                                             quote(r->body)));
   std::vector<std::string> ids;
   for (const auto& m : *data)
     if (m.is_object() && m.contains("id") && m["id"].is_string()) ids.push_back(m["id"].get<std::string>());
   if (std::find(ids.begin(), ids.end(), t.served_name) == ids.end())
     co_return fail(Step::models, fmt::format("GET {} does not list '{}'; it lists: {}", where, t.served_name,
-                                             ids.empty() ? std::string("nothing") : excerpt(fmt::format("{}", fmt::join(ids, ", ")))));
+                                             ids.empty() ? std::string("nothing") : quote(fmt::format("{}", fmt::join(ids, ", ")))));
   passed(Step::models, fmt::format("GET {} lists '{}'", where, t.served_name));
 
   // 3. A one-token completion.
@@ -118,14 +115,14 @@ awaitable<Result<void>> probe_steps(http::Client& client, const Target& t, const
     r = co_await client.request(*req, kMaxProbeBody);
     if (!r) co_return r.error();
     if (r->head.status != 200)
-      co_return fail(Step::completion, fmt::format("POST {} answered {}: {}", where, r->head.status, excerpt(r->body)));
+      co_return fail(Step::completion, fmt::format("POST {} answered {}: {}", where, r->head.status, quote(r->body)));
     json answer = json::parse(r->body, nullptr, false);
     bool has_text = answer.is_object() && answer.contains("choices") && answer["choices"].is_array() &&
                     !answer["choices"].empty() && answer["choices"][0].is_object() &&
                     answer["choices"][0].contains("text") && answer["choices"][0]["text"].is_string();
     if (!has_text)
       co_return fail(Step::completion,
-                     fmt::format("POST {} answered without choices[0].text: {}", where, excerpt(r->body)));
+                     fmt::format("POST {} answered without choices[0].text: {}", where, quote(r->body)));
     passed(Step::completion, fmt::format("POST {} returned a token", where));
   }
   co_return Result<void>{};
@@ -252,7 +249,7 @@ class ReadyWait {
       if (options_.on_step) options_.on_step(s, text);
     }
   }
-  const char* reached_name() const { return reached_ < 0 ? "none" : step_name(static_cast<Step>(reached_)); }
+  std::string_view reached_name() const { return reached_ < 0 ? "none" : step_name(static_cast<Step>(reached_)); }
   std::string last_line() const { return last_lines_.empty() ? std::string() : redact(last_lines_.back(), target_); }
 
   awaitable<std::optional<Result<void>>> poll();

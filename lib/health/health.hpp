@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace boost::asio { class thread_pool; }
@@ -38,6 +39,10 @@ struct Target {
 /// active with its main process alive, its port accepts a TCP connection, the health path is
 /// 200, the models path lists the served name, a completion returns a token.
 enum class Step { unit_active, port, health, models, completion, ready };
+
+/// The contract's name of step `s` (interface.md, MODELD_READINESS_STEP): "unit_active", "port",
+/// "health", "models", "completion", "ready"; also the name messages give it.
+std::string_view step_name(Step s) noexcept;
 
 /// Runs the three HTTP checks once, in order; health_failed naming the step and what was
 /// answered, network_error when nothing listens, timeout, cancelled.

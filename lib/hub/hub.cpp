@@ -1,5 +1,6 @@
 #include "hub/hub.hpp"
 
+#include "repo/ids.hpp"
 #include "sys/log.hpp"
 #include "util/on_pool.hpp"
 #include "util/poll.hpp"
@@ -37,20 +38,6 @@ std::string lowercase(std::string s) {
   for (auto& c : s)
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
   return s;
-}
-
-// A piece of server-supplied text fit for one line of a message: control characters escaped as
-// JSON escapes them (util::escape_control), cut at `limit` bytes.
-std::string excerpt(std::string_view text, std::size_t limit) {
-  std::string out = util::escape_control(text.substr(0, limit));
-  if (text.size() > limit) out += "...";
-  return out;
-}
-
-bool valid_repo_id(std::string_view repo) {
-  auto slash = repo.find('/');
-  return slash != std::string_view::npos && slash > 0 && slash + 1 < repo.size() &&
-         repo.find('/', slash + 1) == std::string_view::npos && util::safe_relative_path(repo);
 }
 
 // What a listing's parser found about one sibling, checked when its object ends.
@@ -212,7 +199,7 @@ bool ListingSax::finish_sibling() {
   if (!cur_.path) return fail(fmt::format("field '{}' is missing or not a string", field("rfilename")));
   f.path = std::move(*cur_.path);
   if (!util::safe_relative_path(f.path))
-    return fail(fmt::format("field '{}' is an unsafe path: '{}'", field("rfilename"), excerpt(f.path, 200)));
+    return fail(fmt::format("field '{}' is an unsafe path: '{}'", field("rfilename"), util::excerpt(f.path, 200)));
   if (!cur_.size)
     return fail(fmt::format("field '{}' ({}) is missing or not a non-negative integer", field("size"), f.path));
   f.size = *cur_.size;
@@ -236,8 +223,8 @@ Result<repo::Snapshot> parse_snapshot(const http::Response& response, std::strin
   if (!ok || sax.not_an_object)
     return bad(fmt::format("the answer (HTTP {}, Content-Type '{}') is not a JSON object: '{}'",
                            response.head.status,
-                           excerpt(response.head.headers.get("Content-Type").value_or(""), 80),
-                           excerpt(response.body, 80)));
+                           util::excerpt(response.head.headers.get("Content-Type").value_or(""), 80),
+                           util::excerpt(response.body, 80)));
   if (!sax.sha || !is_hex(*sax.sha, 40)) return bad("field 'sha' is missing or not a 40-hex-digit commit");
   repo::Snapshot snap;
   snap.commit = lowercase(std::move(*sax.sha));
@@ -306,7 +293,7 @@ awaitable<Result<repo::Snapshot>> Hub::snapshot(const std::string& repo, const s
 }
 
 awaitable<Result<Hub::Shared>> Hub::listing(const std::string& repo, const std::string& revision) {
-  if (!valid_repo_id(repo))
+  if (!repo::valid_repo_id(repo))
     co_return make_error(Errc::bad_request, fmt::format("'{}' is not a repository id of the form org/name", repo));
   if (revision.empty()) co_return make_error(Errc::bad_request, fmt::format("listing {}: the revision is empty", repo));
   // The key holds no token: one Hub object serves one endpoint with one token.
@@ -430,7 +417,7 @@ awaitable<Result<http::Response>> Hub::get_once(const http::Request& request, st
 }
 
 Result<http::Url> Hub::resolve_url(const std::string& repo, const std::string& commit, const std::string& path) const {
-  if (!valid_repo_id(repo))
+  if (!repo::valid_repo_id(repo))
     return make_error(Errc::bad_request, fmt::format("'{}' is not a repository id of the form org/name", repo));
   if (commit.empty() || commit.find('/') != std::string::npos)
     return make_error(Errc::bad_request, fmt::format("'{}' is not a commit", commit));
@@ -453,8 +440,8 @@ Error Hub::error_from_response(const http::ResponseHead& head, std::string_view 
   else if (retryable_status(head.status))
     errc = Errc::hub_unavailable;
   std::string message = fmt::format("{}: HTTP {}", what, head.status);
-  if (code) message += fmt::format(" {}", excerpt(*code, 40));
-  if (text) message += fmt::format(": {}", excerpt(*text, 300));
+  if (code) message += fmt::format(" {}", util::excerpt(*code, 40));
+  if (text) message += fmt::format(": {}", util::excerpt(*text, 300));
   // The Hub answers 401 to a token it does not accept (wrong, expired, revoked), saying so in
   // X-Error-Message, and also for a private or missing repository when no token was sent.
   if (head.status == 401 && text && text->find("Invalid credentials") != std::string::npos)

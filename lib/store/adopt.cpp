@@ -7,6 +7,7 @@
 
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
+#include "repo/ids.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
 #include "verify/verify.hpp"
@@ -75,7 +76,7 @@ std::optional<HfDownloadRecord> read_hf_download_record(const fs::path& folder, 
 }
 
 std::optional<fs::path> Store::foreign_folder(const std::string& name) const {
-  if (!util::valid_model_name(name)) return std::nullopt;
+  if (!repo::valid_model_name(name)) return std::nullopt;
   const auto p = model_path(name);
   struct stat lst {}, st {};
   if (::lstat(p.c_str(), &lst) != 0) return std::nullopt;
@@ -198,7 +199,7 @@ Result<Adoption> Store::adopt(const std::string& name, const std::string& commit
 }
 
 Result<std::optional<fs::path>> Store::set_aside_foreign(const std::string& name) {
-  if (!util::valid_model_name(name))
+  if (!repo::valid_model_name(name))
     return make_error(Errc::bad_request, fmt::format("model name '{}' is not valid", name));
   const auto p = model_path(name);
   struct stat st {};

@@ -6,6 +6,7 @@
 
 #include "store/store_detail.hpp"
 #include "util/files.hpp"
+#include "repo/ids.hpp"
 #include "util/text.hpp"
 
 #include <fmt/format.h>
@@ -33,7 +34,7 @@ bool valid_commit(std::string_view commit) {
 }
 
 Result<void> check_names(std::string_view name, std::string_view commit) {
-  if (!util::valid_model_name(name))
+  if (!repo::valid_model_name(name))
     return make_error(Errc::bad_request, fmt::format("model name '{}' is not valid", name));
   if (!valid_commit(commit))
     return make_error(Errc::bad_request, fmt::format("model {}: commit '{}' is not a valid folder name", name, commit));
@@ -114,7 +115,7 @@ Result<void> Store::prepare_revision(const std::string& name, const std::string&
 }
 
 std::optional<std::string> Store::linked_commit(const std::string& name) const {
-  if (!util::valid_model_name(name)) return std::nullopt;
+  if (!repo::valid_model_name(name)) return std::nullopt;
   char buf[4096];
   ssize_t n = ::readlink(model_path(name).c_str(), buf, sizeof buf - 1);
   if (n < 0) return std::nullopt;
@@ -166,14 +167,14 @@ std::vector<StoredModel> Store::list() const {
   const auto store_root = models_dir_ / ".store";
   if (is_real_directory(store_root))
     for (const auto& n : subdirectories(store_root))
-      if (util::valid_model_name(n)) found[n].name = n;
+      if (repo::valid_model_name(n)) found[n].name = n;
   std::error_code ec;
   for (fs::directory_iterator it(models_dir_, ec), end; !ec && it != end; it.increment(ec)) {
     auto n = it->path().filename().string();
     struct stat st {};
     // Only links of ours: a symlink an operator put there (a folder to adopt) is not a model of
     // the store, and eviction must never take it for one.
-    if (util::valid_model_name(n) && ::lstat(it->path().c_str(), &st) == 0 && S_ISLNK(st.st_mode) && linked_commit(n))
+    if (repo::valid_model_name(n) && ::lstat(it->path().c_str(), &st) == 0 && S_ISLNK(st.st_mode) && linked_commit(n))
       found[n].name = n;
   }
   std::vector<StoredModel> out;
@@ -192,7 +193,7 @@ std::vector<StoredModel> Store::list() const {
 }
 
 Result<std::uint64_t> Store::remove_model(const std::string& name) {
-  if (!util::valid_model_name(name))
+  if (!repo::valid_model_name(name))
     return make_error(Errc::bad_request, fmt::format("model name '{}' is not valid", name));
   const auto store_root = models_dir_ / ".store";
   struct stat st {};
@@ -237,7 +238,7 @@ Result<std::uint64_t> Store::remove_other_revisions(const std::string& name, con
 
 Result<std::uint64_t> Store::remove_revision(const std::string& name, const std::string& commit) {
   if (auto r = detail::check_names(name, commit); !r) return r.error();
-  if (!util::is_commit_id(commit))
+  if (!repo::is_commit_id(commit))
     return make_error(Errc::bad_request, fmt::format("'{}' is not a commit id (40 hex digits)", commit));
   const auto rev = revision_dir(name, commit);
   if (!is_real_directory(models_dir_ / ".store") || !is_real_directory(rev))

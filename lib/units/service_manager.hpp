@@ -1,8 +1,9 @@
 #pragma once
 // The service manager seam: start, stop and query units, write drop-ins and reload. The systemd
-// backend talks to org.freedesktop.systemd1 over sd-bus (the only place in lib/ besides lib/sys
-// that uses libsystemd); the process backend (process.cpp) runs the servers as modeld's own
-// children, for hosts without systemd as PID 1; tests may substitute a fake.
+// backend talks to org.freedesktop.systemd1 over sd-bus; the process backend (process.cpp) runs
+// the servers as modeld's own children, for hosts without systemd as PID 1, and hands their
+// output to journald with sd_journal_stream_fd. Both use libsystemd, the only places in lib/
+// besides lib/sys that do; tests may substitute a fake.
 
 #include "util/error.hpp"
 

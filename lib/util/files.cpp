@@ -107,4 +107,10 @@ Result<std::string> read_secret_file(const std::filesystem::path& path) {
   return std::string(trim(s));
 }
 
+std::string process_name(std::uint32_t pid) {
+  auto comm = read_file(std::filesystem::path("/proc") / std::to_string(pid) / "comm", 4096);
+  if (!comm) return "";
+  return std::string(trim(*comm));
+}
+
 }  // namespace modeld::util

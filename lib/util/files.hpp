@@ -1,10 +1,12 @@
 #pragma once
-// File system helpers that know nothing of models: atomic replacement, fsync, reading.
+// File system helpers that know nothing of models: atomic replacement, fsync, reading, a
+// process's name.
 
 #include "util/error.hpp"
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -53,6 +55,11 @@ Result<std::string> read_file(const std::filesystem::path& path, std::size_t max
 /// Reads a secret kept in a file of at most 64 KiB (a token, an API key): its first line without
 /// trailing whitespace. Errors name the path, never the content.
 Result<std::string> read_secret_file(const std::filesystem::path& path);
+
+/// The name the kernel gives process `pid` (/proc/PID/comm, what ps shows; vLLM names its
+/// workers "VLLM::Worker" there), trimmed; "" when the process is gone or lives in another PID
+/// namespace. Reads one small file; does not block beyond that.
+std::string process_name(std::uint32_t pid);
 
 /// fsyncs the directory `dir`, making a rename or unlink inside it durable; returns io_error.
 Result<void> fsync_directory(const std::filesystem::path& dir);

@@ -124,11 +124,6 @@ std::string format_span(double seconds) {
   return format_duration(std::chrono::seconds(whole));
 }
 
-std::string describe_switch(double downtime_s, double stop_s, double launch_s, double load_s, double readiness_s) {
-  return fmt::format("downtime {}: stop {}, launch {}, load {}, readiness {}", format_span(downtime_s),
-                     format_span(stop_s), format_span(launch_s), format_span(load_s), format_span(readiness_s));
-}
-
 std::string format_milliseconds(std::chrono::milliseconds d) { return fmt::format("{} ms", d.count()); }
 
 }  // namespace modeld::util

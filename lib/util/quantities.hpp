@@ -55,10 +55,6 @@ std::string format_seconds(std::chrono::milliseconds d);
 /// hour, "1 h 5 min" beyond; a negative span reads as 0.
 std::string format_span(double seconds);
 
-/// The outage of a switch for humans, its parts in the order they happen (util::format_span):
-/// "downtime 2 min 12 s: stop 4.0 s, launch 1.0 s, load 2 min 2 s, readiness 5.0 s".
-std::string describe_switch(double downtime_s, double stop_s, double launch_s, double load_s, double readiness_s);
-
 /// Formats a duration as its exact milliseconds, as a setting holds it: "30000 ms".
 std::string format_milliseconds(std::chrono::milliseconds d);
 

@@ -9,10 +9,6 @@
 
 namespace modeld::util {
 
-bool is_commit_id(std::string_view s) noexcept {
-  return s.size() == 40 && s.find_first_not_of("0123456789abcdef") == std::string_view::npos;
-}
-
 std::string to_hex(std::span<const unsigned char> bytes) {
   static constexpr char digits[] = "0123456789abcdef";
   std::string out;
@@ -113,15 +109,6 @@ std::optional<std::string> percent_decode(std::string_view text) {
   return escaped->decode();
 }
 
-bool valid_model_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
-  if (!alnum(name[0])) return false;
-  for (char c : name)
-    if (!alnum(c) && c != '.' && c != '_' && c != '-') return false;
-  return true;
-}
-
 bool safe_relative_path(std::string_view path) {
   if (path.empty() || path.front() == '/') return false;
   if (path.find('\0') != std::string_view::npos || path.find('\\') != std::string_view::npos) return false;
@@ -176,6 +163,12 @@ std::string escape_control(std::string_view text) {
       out.push_back(static_cast<char>(c));
     }
   }
+  return out;
+}
+
+std::string excerpt(std::string_view text, std::size_t limit) {
+  std::string out = escape_control(text.substr(0, limit));
+  if (text.size() > limit) out += "...";
   return out;
 }
 

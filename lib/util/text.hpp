@@ -2,6 +2,7 @@
 // Small text helpers: hex, globs, time stamps, URL path encoding, escaping control characters.
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -25,9 +26,6 @@ std::string compact_utc_stamp(std::chrono::system_clock::time_point t);
 
 /// Lower-case hex of `bytes` (two characters per byte).
 std::string to_hex(std::span<const unsigned char> bytes);
-
-/// Whether `s` is a full commit id as the Hub writes it: 40 lower-case hex digits.
-bool is_commit_id(std::string_view s) noexcept;
 
 /// Whether `path` matches the glob `pattern` as huggingface_hub's fnmatch does: '*' also
 /// matches '/', '?' one character, '[...]' a set (fnmatch(3) without FNM_PATHNAME).
@@ -54,9 +52,6 @@ std::string url_encode_path(std::string_view path);
 /// followed by two hex digits.
 std::optional<std::string> percent_decode(std::string_view text);
 
-/// Whether `name` is a valid model name: [a-z0-9][a-z0-9._-]{0,63} (interface.md).
-bool valid_model_name(std::string_view name);
-
 /// `text` with its control characters escaped as JSON writes them: "\n", "\r", "\t", "\b", "\f",
 /// the other C0 characters and DEL as "\u001b" style escapes, and the C1 controls U+0080..U+009F
 /// (UTF-8 C2 80..C2 9F) as "\u0085" style escapes; every other byte, UTF-8 or not, is kept, and
@@ -65,6 +60,11 @@ bool valid_model_name(std::string_view name);
 /// cannot move a terminal's cursor or change its state. Returns `text` unchanged when it holds
 /// no control character.
 std::string escape_control(std::string_view text);
+
+/// A piece of text from elsewhere (a server's or a Hub's answer, a file name) fit for one line of
+/// a message: its first `limit` bytes with control characters escaped (escape_control), and
+/// "..." after them when `text` is longer.
+std::string excerpt(std::string_view text, std::size_t limit);
 
 /// Whether a repository-relative path is safe to place under a folder: relative, no "..", no
 /// empty or "." segments, no NUL or backslash.

@@ -145,6 +145,25 @@ TEST_CASE("a models list without the served name is health_failed saying which n
   CHECK(r.error().message.find("llama, qwen") != std::string::npos);
 }
 
+TEST_CASE("a server's answer quoted in an error keeps its control characters, escaped") {
+  Fixture f;
+  f.fake.models = "<html>\n\toops\x1b[2J</html>";
+  auto r = f.probe();
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find(": <html>\\n\\toops\\u001b[2J</html>") != std::string::npos);
+  CHECK(r.error().message.find('\n') == std::string::npos);
+}
+
+TEST_CASE("each readiness step has the contract's name, the journal's and the messages' alike") {
+  using S = health::Step;
+  CHECK(health::step_name(S::unit_active) == "unit_active");
+  CHECK(health::step_name(S::port) == "port");
+  CHECK(health::step_name(S::health) == "health");
+  CHECK(health::step_name(S::models) == "models");
+  CHECK(health::step_name(S::completion) == "completion");
+  CHECK(health::step_name(S::ready) == "ready");
+}
+
 TEST_CASE("a models answer that is not the OpenAI list is health_failed") {
   Fixture f;
   f.fake.models = "<html>oops</html>";
@@ -336,7 +355,7 @@ TEST_CASE("a server alive but silent for stall_timeout is hung, long before star
   CHECK(msg.find("u.service is hung") != std::string::npos);
   CHECK(msg.find(fmt::format("main process {} is alive but has been silent for", ::getpid())) != std::string::npos);
   CHECK(msg.find("stall_timeout 0.3 s") != std::string::npos);
-  CHECK(msg.find("last step reached: unit active") != std::string::npos);
+  CHECK(msg.find("last step reached: unit_active") != std::string::npos);
   CHECK(msg.find("does not accept connections") != std::string::npos);
   CHECK(msg.find("last server line: 'INFO Loading weights...'") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));

@@ -42,3 +42,12 @@ TEST_CASE("a file replaced atomically holds the new content and no temporary is 
   CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);
   fs::remove_all(dir);
 }
+
+TEST_CASE("a process's name is its /proc/PID/comm, trimmed, and a process that is gone has none") {
+  auto comm = util::read_file("/proc/self/comm");
+  REQUIRE(comm.has_value());
+  REQUIRE(comm->ends_with('\n'));
+  CHECK(util::process_name(static_cast<std::uint32_t>(::getpid())) == comm->substr(0, comm->size() - 1));
+  CHECK(util::process_name(0) == "");
+  CHECK(util::process_name(4'000'000'000u) == "");
+}

@@ -68,7 +68,3 @@ TEST_CASE("format_span shows tenths under a minute, minutes and seconds under an
   CHECK(format_span(132.4) == "2 min 12 s");
   CHECK(format_span(3725) == "1 h 2 min");
 }
-
-TEST_CASE("describe_switch names the outage and its parts in order") {
-  CHECK(describe_switch(132, 4, 1, 122, 5) == "downtime 2 min 12 s: stop 4.0 s, launch 1.0 s, load 2 min 2 s, readiness 5.0 s");
-}
