@@ -63,6 +63,7 @@ Result<void> Deployer::load() {
 }
 
 asio::awaitable<void> Deployer::recover() {
+  co_await log_unlogged_ends();
   // The newest deployment that never reached a terminal state was interrupted by a restart. It
   // stays in the history (state running, as the API shows it) until it continues below.
   std::optional<Deployment> unfinished;

@@ -763,8 +763,45 @@ asio::awaitable<void> Deployer::roll_back(Running& r) {
   co_await finish(r, State::rolled_back, rolled_back);
 }
 
+namespace {
+
+// The terminal journal line of ended record `d` (MODELD_STATE, its MESSAGE_ID); `port` is where a
+// deployment that succeeded serves (unknown: not named); `note` ends the message.
+void log_end(const Deployment& d, std::optional<unsigned> port, std::string_view note) {
+  sys::Fields f;
+  f.deployment = d.id;
+  f.model = d.model;
+  f.phase = std::string(to_string(d.phase));
+  f.state = std::string(to_string(d.state));
+  switch (d.state) {
+    case State::succeeded: f.message_id = message_id::succeeded; break;
+    case State::rolled_back: f.message_id = message_id::rolled_back; break;
+    case State::cancelled: f.message_id = message_id::cancelled; break;
+    default: f.message_id = message_id::failed; break;
+  }
+  const auto commit = d.commit ? d.commit->substr(0, 12) : std::string("?");
+  if (d.state == State::succeeded && d.kind == Kind::stop)
+    sys::logf(sys::Level::notice, f, "stop {} succeeded: model {} is out of service; its files stay on disk{}", d.id,
+              d.model, note);
+  else if (d.state == State::succeeded && d.kind == Kind::pull)
+    sys::logf(sys::Level::notice, f, "pull {} succeeded: model {} at {} is on disk and verified{}{}", d.id, d.model,
+              commit, d.changed ? "" : " (it already was: nothing changed)", note);
+  else if (d.state == State::succeeded)
+    sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves{}{}{}", d.id, d.model, commit,
+              port ? fmt::format(" on port {}", *port) : std::string(), d.changed ? "" : " (nothing changed)", note);
+  else {
+    if (d.error)
+      for (const auto& file : d.error->files) f.extra.emplace_back("MODELD_FILE", file);
+    sys::logf(sys::Level::error, f, "deployment {} {} in phase {}: {}{}", d.id, to_string(d.state), to_string(d.phase),
+              d.error ? d.error->message : "", note);
+  }
+}
+
+}  // namespace
+
 asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optional<Error>& error) {
-  // The ended record is durable before anyone sees it ended.
+  // The ended record is durable before anyone sees it ended, marked as not logged yet: a kill
+  // before its terminal journal line is written leaves the next start to write it.
   Deployment done = r.record;
   done.state = state;
   done.error = error;
@@ -772,32 +809,14 @@ asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optio
   // Nothing moves any more: a rate or an ETA would mislead whoever reads the record later.
   done.progress.rate_bytes_per_s = 0;
   done.progress.eta_s.reset();
+  done.end_unlogged = true;
+  co_await persist_now(done);
+  test_hooks::crash_point("end_recorded");
+  log_end(done, r.run->model.serve.port, "");
+  done.end_unlogged = false;
   co_await persist_now(done);
   r.record = std::move(done);
   auto& d = r.record;
-  sys::Fields f = r.run->fields();
-  f.state = std::string(to_string(state));
-  switch (state) {
-    case State::succeeded: f.message_id = message_id::succeeded; break;
-    case State::rolled_back: f.message_id = message_id::rolled_back; break;
-    case State::cancelled: f.message_id = message_id::cancelled; break;
-    default: f.message_id = message_id::failed; break;
-  }
-  if (state == State::succeeded && d.kind == Kind::stop)
-    sys::logf(sys::Level::notice, f, "stop {} succeeded: model {} is out of service; its files stay on disk", d.id,
-              d.model);
-  else if (state == State::succeeded && d.kind == Kind::pull)
-    sys::logf(sys::Level::notice, f, "pull {} succeeded: model {} at {} is on disk and verified{}", d.id, d.model,
-              d.commit->substr(0, 12), d.changed ? "" : " (it already was: nothing changed)");
-  else if (state == State::succeeded)
-    sys::logf(sys::Level::notice, f, "deployment {} succeeded: model {} at {} serves on port {}{}", d.id, d.model,
-              d.commit->substr(0, 12), r.run->model.serve.port, d.changed ? "" : " (nothing changed)");
-  else {
-    if (d.error)
-      for (const auto& file : d.error->files) f.extra.emplace_back("MODELD_FILE", file);
-    sys::logf(sys::Level::error, f, "deployment {} {} in phase {}: {}", d.id, to_string(state), to_string(d.phase),
-              d.error ? d.error->message : "");
-  }
   history_.push_front(d);
   while (history_.size() > 200) history_.pop_back();
   emit(EventKind::state, d);
@@ -806,6 +825,20 @@ asio::awaitable<void> Deployer::finish(Running& r, State state, const std::optio
   // not known to work, and a loop of restarts would only hide that from the operator.
   watch_services(r.not_restored);
   announce_status();
+}
+
+asio::awaitable<void> Deployer::log_unlogged_ends() {
+  // Logged and cleared without awaiting, so nothing else changes the history meanwhile.
+  std::vector<Deployment> logged;
+  for (auto& d : history_) {
+    if (!d.ended() || !d.end_unlogged) continue;
+    const auto* m = services_.config->find_model(d.model);
+    log_end(d, m ? std::optional<unsigned>(m->serve.port) : std::nullopt,
+            " (logged at modeld's start: modeld was killed before it logged this end)");
+    d.end_unlogged = false;
+    logged.push_back(d);
+  }
+  for (const auto& d : logged) co_await persist_now(d);
 }
 
 void Deployer::persist(const Deployment& d) {

@@ -207,6 +207,9 @@ class Deployer final : public Engine {
   // Ends the deployment: the record written (awaited) before it shows ended, listeners told.
   // Arguments by reference: GCC 12 destroys class temporaries passed to a coroutine twice.
   boost::asio::awaitable<void> finish(Running& r, State state, const std::optional<Error>& error);
+  /// Writes the terminal journal line of every ended record that modeld was killed before logging
+  /// (end_unlogged), noting so, and persists it logged (awaited); recover() calls it first.
+  boost::asio::awaitable<void> log_unlogged_ends();
   // Queues a write of record `d` on the disk pool after every write queued before; returns at once.
   void persist(const Deployment& d);
   // Writes record `d` on the disk pool after every write queued before, and waits for it.

@@ -187,6 +187,7 @@ nlohmann::json to_json(const Deployment& d, bool internal) {
     j["started_ns"] = d.started_ns;
     j["switch_marks"] = marks_json(d.switch_marks);
     j["restart"] = d.restart;
+    if (d.end_unlogged) j["end_unlogged"] = true;
   }
   return j;
 }
@@ -253,6 +254,7 @@ Result<Deployment> deployment_from_json(const nlohmann::json& j) {
     d.started_ns = j.value("started_ns", std::int64_t{0});
     if (j.contains("switch_marks")) d.switch_marks = marks_from_json(j["switch_marks"]);
     d.restart = j.value("restart", false);
+    d.end_unlogged = j.value("end_unlogged", false);
     return d;
   } catch (const nlohmann::json::exception& e) {
     return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());

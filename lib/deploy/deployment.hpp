@@ -140,6 +140,9 @@ struct Deployment {
   /// started_at have whole seconds) when the history is read back from state_dir; 0 in records
   /// written before it was kept.
   std::int64_t started_ns = 0;
+  /// The record ended and its terminal journal line may not be written yet (state_dir only, never
+  /// the API): the next start writes the line of a record modeld was killed before logging.
+  bool end_unlogged = false;
 
   bool ended() const { return state != State::running; }
 };

@@ -263,3 +263,22 @@ TEST_CASE("a record keeps whether a restart was asked for and the previous servi
   CHECK_FALSE(read->restart);
   CHECK(read->previous.empty());
 }
+
+TEST_CASE("an end not logged yet is kept in state_dir's record and never shown by the API") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.state = State::succeeded;
+  d.started_at = "2026-01-01T00:00:00Z";
+  d.end_unlogged = true;
+  CHECK(to_json(d, true).at("end_unlogged") == true);
+  CHECK_FALSE(to_json(d).contains("end_unlogged"));
+  auto back = deployment_from_json(to_json(d, true));
+  REQUIRE(back.has_value());
+  CHECK(back->end_unlogged);
+  d.end_unlogged = false;
+  CHECK_FALSE(to_json(d, true).contains("end_unlogged"));  // a logged record's file is unchanged
+  auto logged = deployment_from_json(to_json(d, true));
+  REQUIRE(logged.has_value());
+  CHECK_FALSE(logged->end_unlogged);
+}
