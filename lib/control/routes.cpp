@@ -55,13 +55,13 @@ json active_json(const std::optional<deploy::Active>& a) {
 
 // GET /v1/status "watchdog": the active model's record, null when nothing watches it. It is the
 // watchdog of the active model's entry in `services` when there is one; else the record of the
-// model watched now (the first of engine.watchdogs()) when that is the active model.
-json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Active>& active,
+// model watched now (the first of control.watchdogs()) when that is the active model.
+json watchdog_json(const deploy::Control& control, const std::optional<deploy::Active>& active,
                    const std::vector<deploy::ServiceInfo>& services) {
   if (!active) return nullptr;
   for (const auto& s : services)
     if (s.model == active->model) return s.watchdog ? deploy::to_json(*s.watchdog) : json(nullptr);
-  auto all = engine.watchdogs();
+  auto all = control.watchdogs();
   if (all.empty() || all.front().model != active->model) return nullptr;
   return deploy::to_json(all.front());
 }
@@ -253,21 +253,21 @@ Result<deploy::DeployRequest> parse_deploy_body(const std::string& body) {
   return r;
 }
 
-Response get_status(deploy::Engine& engine) {
+Response get_status(deploy::Control& control) {
   json body;
-  body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", engine.uptime_s()}};
-  auto active = engine.active();
-  const auto services = engine.services();
+  body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", control.uptime_s()}};
+  auto active = control.active();
+  const auto services = control.services();
   body["active"] = active_json(active);
   body["services"] = services_json(services);
-  body["watchdog"] = watchdog_json(engine, active, services);
-  auto cur = engine.current();
+  body["watchdog"] = watchdog_json(control, active, services);
+  auto cur = control.current();
   body["deployment"] = cur ? deploy::to_json(*cur) : json(nullptr);
   return json_response(200, body);
 }
 
 
-Response list_deployments(std::string_view query, deploy::Engine& engine) {
+Response list_deployments(std::string_view query, deploy::Control& control) {
   std::size_t limit = default_history_limit;
   auto params = parse_query(query);
   if (auto it = params.find("limit"); it != params.end()) {
@@ -280,7 +280,7 @@ Response list_deployments(std::string_view query, deploy::Engine& engine) {
     limit = std::min(n, max_history_limit);
   }
   json list = json::array();
-  for (const auto& d : engine.history(limit)) {
+  for (const auto& d : control.history(limit)) {
     if (list.size() >= limit) break;
     list.push_back(deploy::to_json(d));
   }
@@ -303,21 +303,21 @@ Result<std::optional<std::string>> parse_pull_body(const std::string& body) {
 
 // POST /v1/models/{name}/pull: a record of kind pull, of the configured revision or of the
 // body's "commit".
-Response start_pull(const std::string& model, const std::string& body, deploy::Engine& engine) {
+Response start_pull(const std::string& model, const std::string& body, deploy::Control& control) {
   auto commit = parse_pull_body(body);
   if (!commit) return error_for(commit.error());
   deploy::DeployRequest r;
   r.model = model;
   r.kind = deploy::Kind::pull;
   r.commit = *commit;
-  auto d = engine.start(r);
+  auto d = control.start(r);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
 
 // POST /v1/models/{name}/stop: a record of kind stop; its body is empty or {} (a field there
 // would be one a stop does not have: bad_request naming it).
-Response start_stop(const std::string& model, const std::string& body, deploy::Engine& engine) {
+Response start_stop(const std::string& model, const std::string& body, deploy::Control& control) {
   if (!body.empty()) {
     const json j = json::parse(body, nullptr, false);
     if (j.is_discarded() || !j.is_object())
@@ -326,15 +326,15 @@ Response start_stop(const std::string& model, const std::string& body, deploy::E
       return error_for(make_error(Errc::bad_request,
                                   fmt::format("unknown field \"{}\" (a stop takes none)", j.begin().key())));
   }
-  auto d = engine.stop(model);
+  auto d = control.stop(model);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
 
-Response start_deployment(const Request& req, deploy::Engine& engine) {
+Response start_deployment(const Request& req, deploy::Control& control) {
   auto body = parse_deploy_body(req.body);
   if (!body) return error_for(body.error());
-  auto d = engine.start(*body);
+  auto d = control.start(*body);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
@@ -411,7 +411,7 @@ std::string label_value(std::string_view v) {
 
 }  // namespace
 
-std::string metrics_text(const deploy::Engine& engine) { return metrics_text(engine, counts_from_history(engine)); }
+std::string metrics_text(const deploy::Control& control) { return metrics_text(control, counts_from_history(control)); }
 
 namespace {
 
@@ -430,7 +430,7 @@ void labelled_counts(std::string& out, std::string_view name, std::string_view l
 }
 
 // modeld_up, the deployments, their phases and the download families.
-void deployment_metrics(std::string& out, const deploy::Engine& engine, const MetricCounters& counters) {
+void deployment_metrics(std::string& out, const deploy::Control& control, const MetricCounters& counters) {
   family(out, "modeld_up", "gauge", "Whether modeld is running (always 1 when it answers).");
   out += "modeld_up 1\n";
 
@@ -438,7 +438,7 @@ void deployment_metrics(std::string& out, const deploy::Engine& engine, const Me
   labelled_counts(out, "modeld_deployments_total", "result", {"succeeded", "failed", "cancelled", "rolled_back"},
                   counters.deployments);
 
-  const auto current = engine.current();
+  const auto current = control.current();
   family(out, "modeld_deployment_running", "gauge", "Whether a deployment runs now.");
   out += fmt::format("modeld_deployment_running {}\n", current && !current->ended() ? 1 : 0);
 
@@ -497,11 +497,11 @@ void check_metrics(std::string& out, const MetricCounters& counters) {
   out += fmt::format("modeld_config_last_reload_successful {}\n", counters.last_reload_ok.value_or(true) ? 1 : 0);
 }
 
-// The watchdog records of every model watched since the daemon started (engine.watchdogs()),
-// and of each service in service that engine.watchdogs() leaves out: one per model.
-std::vector<deploy::WatchdogStatus> watched_models(const deploy::Engine& engine) {
-  auto watched = engine.watchdogs();
-  for (const auto& s : engine.services()) {
+// The watchdog records of every model watched since the daemon started (control.watchdogs()),
+// and of each service in service that control.watchdogs() leaves out: one per model.
+std::vector<deploy::WatchdogStatus> watched_models(const deploy::Control& control) {
+  auto watched = control.watchdogs();
+  for (const auto& s : control.services()) {
     if (!s.watchdog) continue;
     auto same = [&](const deploy::WatchdogStatus& w) { return w.model == s.model; };
     if (std::none_of(watched.begin(), watched.end(), same)) watched.push_back(*s.watchdog);
@@ -510,8 +510,8 @@ std::vector<deploy::WatchdogStatus> watched_models(const deploy::Engine& engine)
 }
 
 // The post-deploy watchdog, one series per model watched since the daemon started.
-void watchdog_metrics(std::string& out, const deploy::Engine& engine) {
-  const auto watched = watched_models(engine);
+void watchdog_metrics(std::string& out, const deploy::Control& control) {
+  const auto watched = watched_models(control);
   auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
     if (watched.empty()) return;
     family(out, name, type, help);
@@ -533,24 +533,24 @@ void watchdog_metrics(std::string& out, const deploy::Engine& engine) {
 }
 
 // The active model (the service put into service last) and every service in service.
-void service_metrics(std::string& out, const deploy::Engine& engine) {
+void service_metrics(std::string& out, const deploy::Control& control) {
   family(out, "modeld_active_model_info", "gauge",
          "The model in service (of several, the one put into service last), its commit and its unit.");
-  if (auto a = engine.active())
+  if (auto a = control.active())
     out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
                        label_value(a->model), label_value(a->commit), label_value(a->unit));
   family(out, "modeld_service_info", "gauge",
          "Each model in service: its commit, unit, the port and GPU ids (NVML indices; all, none) it was started with.");
-  for (const auto& s : engine.services())
+  for (const auto& s : control.services())
     out += fmt::format("modeld_service_info{{model=\"{}\",commit=\"{}\",unit=\"{}\",port=\"{}\",gpu_ids=\"{}\"}} 1\n",
                        label_value(s.model), label_value(s.commit), label_value(s.unit), s.port,
                        label_value(gpu::describe_indices(s.gpu_ids)));
 }
 
 // The benchmark of each model's newest deployment that measured one.
-void benchmark_metrics(std::string& out, const deploy::Engine& engine) {
+void benchmark_metrics(std::string& out, const deploy::Control& control) {
   std::map<std::string, std::pair<double, double>> bench;
-  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
+  for (const auto& d : control.history(std::numeric_limits<std::size_t>::max()))
     if (d.benchmark_ttft_s && d.benchmark_decode_tokens_per_s && !bench.count(d.model))
       bench[d.model] = {*d.benchmark_ttft_s, *d.benchmark_decode_tokens_per_s};
   if (bench.empty()) return;
@@ -567,18 +567,18 @@ void benchmark_metrics(std::string& out, const deploy::Engine& engine) {
 
 }  // namespace
 
-std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters) {
+std::string metrics_text(const deploy::Control& control, const MetricCounters& counters) {
   std::string out;
-  deployment_metrics(out, engine, counters);
+  deployment_metrics(out, control, counters);
   switch_metrics(out, counters.switches);
   check_metrics(out, counters);
-  service_metrics(out, engine);
-  watchdog_metrics(out, engine);
-  benchmark_metrics(out, engine);
+  service_metrics(out, control);
+  watchdog_metrics(out, control);
+  benchmark_metrics(out, control);
   return out;
 }
 
-Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, const Access& access) {
+Response handle(const Request& req, const Peer& peer, deploy::Control& control, const Access& access) {
   std::string_view target = req.target;
   std::string_view path = target.substr(0, target.find('?'));
   std::string_view query =
@@ -595,7 +595,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!get) return method_not_allowed(req, path, "GET");
     Response r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_text(engine);
+    r.body = metrics_text(control);
     return r;
   }
   if (parts.size() < 2 || parts[0] != "v1") return not_found();
@@ -603,7 +603,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
   const auto& what = parts[1];
   if (parts.size() == 2 && what == "status") {
     if (!get) return method_not_allowed(req, path, "GET");
-    return get_status(engine);
+    return get_status(control);
   }
   if (parts.size() == 2 && what == "events") {
     if (!get) return method_not_allowed(req, path, "GET");
@@ -615,17 +615,17 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
   if (what != "deployments") return not_found();
 
   if (parts.size() == 2) {
-    if (get) return list_deployments(query, engine);
+    if (get) return list_deployments(query, control);
     if (!post) return method_not_allowed(req, path, "GET, POST");
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) return error_for(ok.error());
-    return start_deployment(req, engine);
+    return start_deployment(req, control);
   }
   auto id = decode_segment(parts[2]);
   if (!id) return not_found();
   if (parts.size() == 3) {
     if (!get) return method_not_allowed(req, path, "GET");
-    auto d = engine.get(*id);
+    auto d = control.get(*id);
     if (!d) return error_for(d.error());
     return json_response(200, deploy::to_json(*d));
   }
@@ -633,7 +633,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!post) return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) return error_for(ok.error());
-    auto d = engine.cancel(*id);
+    auto d = control.cancel(*id);
     if (!d) return error_for(d.error());
     return json_response(200, deploy::to_json(*d));
   }
@@ -697,7 +697,7 @@ json removal_json(const deploy::Removal& r) {
 
 namespace {
 
-// The model routes that await the engine: /v1/models/{name}/plan, /v1/models/{name}/verify,
+// The model routes that await the Deployer: /v1/models/{name}/plan, /v1/models/{name}/verify,
 // /v1/models/{name}/pull, /v1/models/{name}/stop, /v1/models/{name}. nullopt when the request is not one of them.
 std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
   const auto parts = split_path(path);
@@ -733,20 +733,20 @@ Result<std::optional<std::string>> commit_param(std::string_view query) {
 
 }  // namespace
 
-boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Engine& engine, const Access& access,
+boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Control& control, const Access& access,
                                               HubReads* hub_reads) {
   std::string_view target = req.target;
   std::string_view path = target.substr(0, target.find('?'));
   std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
   if (const auto parts = split_path(path); parts.size() == 2 && parts[0] == "v1" && parts[1] == "models") {
     if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
-    const auto models = co_await engine.models();
+    const auto models = co_await control.models();
     json list = json::array();
     for (const auto& m : models) list.push_back(model_json(m));
     co_return json_response(200, json{{"models", std::move(list)}});
   }
   auto route = model_route(path);
-  if (!route) co_return handle(req, peer, engine, access);
+  if (!route) co_return handle(req, peer, control, access);
   // Copies, not a structured binding: GCC 12 keeps a binding out of the coroutine frame.
   const std::string name = route->first;
   const std::string action = route->second;
@@ -769,7 +769,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
       if (!entered) co_return too_many(req, path, peer, *hub_reads, entered.error());
       slot.emplace(std::move(*entered));
     }
-    auto plan = co_await engine.plan(name, *allow_downtime, *commit);
+    auto plan = co_await control.plan(name, *allow_downtime, *commit);
     if (!plan) co_return error_for(plan.error());
     co_return json_response(200, plan_json(*plan));
   }
@@ -778,7 +778,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
     if (!repo::valid_model_name(name)) co_return unknown();
-    auto report = co_await engine.verify(name);
+    auto report = co_await control.verify(name);
     if (!report) co_return error_for(report.error());
     co_return json_response(200, verify_json(*report));
   }
@@ -786,13 +786,13 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    co_return start_pull(name, req.body, engine);
+    co_return start_pull(name, req.body, control);
   }
   if (action == "stop") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    co_return start_stop(name, req.body, engine);
+    co_return start_stop(name, req.body, control);
   }
   if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
   if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
@@ -806,9 +806,9 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     co_return error_for(make_error(Errc::bad_request, "commit must be a commit id of 40 lowercase hex digits"));
   Result<deploy::Removal> removed = make_error(Errc::internal, "not removed");
   if (one)
-    removed = co_await engine.remove_revision(name, *one);
+    removed = co_await control.remove_revision(name, *one);
   else
-    removed = co_await engine.remove(name);
+    removed = co_await control.remove(name);
   if (!removed) co_return error_for(removed.error());
   co_return json_response(200, removal_json(*removed));
 }
