@@ -59,6 +59,22 @@ struct MetricCounters {
   SwitchDowntimes switches;                           ///< from the history at start, then each ended deployment
 };
 
+/// The Prometheus text exposition of GET /metrics with the deployment counts and switch
+/// downtimes taken from the Deployer's history and every other counter at 0 (the server answers with a MetricsCollector's
+/// counters instead).
+std::string metrics_text(const deploy::Control& control);
+
+/// The Prometheus text exposition of GET /metrics (docs/interface.md "Added by this project"):
+/// modeld_up, modeld_deployments_total{result}, modeld_deployment_running,
+/// modeld_phase_duration_seconds{phase} (the last run's), modeld_phase_seconds_total{phase},
+/// modeld_phase_runs_total{phase}, modeld_download_bytes_total,
+/// modeld_download_rate_bytes_per_second, modeld_verification_failures_total{source},
+/// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit} (the service
+/// put into service last), modeld_service_info{model,commit,unit,port,gpu_ids} (each service), the
+/// watchdog's series (modeld_readiness_probe_seconds{model} ..., each model watched), the
+/// benchmark's, and the switches' (modeld_switch_downtime_seconds{model}, modeld_switch_downtimes_seconds).
+std::string metrics_text(const deploy::Control& control, const MetricCounters& counters);
+
 /// The counters that `control`'s history holds: deployments by terminal state and the switch
 /// downtimes of the ended ones; every other counter at 0.
 MetricCounters counts_from_history(const deploy::Control& control);
