@@ -177,7 +177,7 @@ Result<void> Daemon::open_control() {
   control::Options copt;
   copt.socket_path = cfg.daemon.socket;
   copt.group = cfg.control.group;
-  // Counts from the engine's events since start-up: for /metrics on the socket and over TCP.
+  // Counts from the Deployer's events since start-up: for /metrics on the socket and over TCP.
   metrics_ = std::make_unique<control::MetricsCollector>(*deployer_);
   copt.metrics = metrics_.get();
   server_ = std::make_unique<control::Server>(io_.get_executor(), *deployer_, copt);

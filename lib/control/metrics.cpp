@@ -1,4 +1,4 @@
-// The metrics counters fed by the engine's events, and the TCP listener of [metrics] listen.
+// The metrics counters fed by the Deployer's events, and the TCP listener of [metrics] listen.
 
 #include "control/metrics.hpp"
 
@@ -58,9 +58,9 @@ void SwitchDowntimes::observe(const std::string& model, double seconds) {
   last[model] = seconds;
 }
 
-MetricCounters counts_from_history(const deploy::Engine& engine) {
+MetricCounters counts_from_history(const deploy::Control& control) {
   MetricCounters counters;
-  const auto history = engine.history(std::numeric_limits<std::size_t>::max());
+  const auto history = control.history(std::numeric_limits<std::size_t>::max());
   for (const auto& d : history)
     if (d.ended()) ++counters.deployments[std::string(deploy::to_string(d.state))];
   // Oldest first, so that each model's last switch is its newest.
@@ -69,11 +69,11 @@ MetricCounters counts_from_history(const deploy::Engine& engine) {
   return counters;
 }
 
-MetricsCollector::MetricsCollector(deploy::Engine& engine) : engine_(engine), counters_(counts_from_history(engine)) {
-  token_ = engine_.subscribe([this](const deploy::Event& e) { on_event(e); });
+MetricsCollector::MetricsCollector(deploy::Control& control) : control_(control), counters_(counts_from_history(control)) {
+  token_ = control_.subscribe([this](const deploy::Event& e) { on_event(e); });
 }
 
-MetricsCollector::~MetricsCollector() { engine_.unsubscribe(token_); }
+MetricsCollector::~MetricsCollector() { control_.unsubscribe(token_); }
 
 namespace {
 
@@ -118,7 +118,7 @@ void MetricsCollector::on_event(const deploy::Event& e) {
     running_.erase(it);
   }
   ++counters_.deployments[std::string(deploy::to_string(e.state))];
-  if (auto d = engine_.get(e.id); d && d->switch_report) counters_.switches.observe(d->model, d->switch_report->downtime_s);
+  if (auto d = control_.get(e.id); d && d->switch_report) counters_.switches.observe(d->model, d->switch_report->downtime_s);
   if (e.error && verification_error(to_string(e.error->code))) ++counters_.verification_failures["deployment"];
 }
 
@@ -137,7 +137,7 @@ void MetricsCollector::reloaded(bool ok) {
   counters_.last_reload_ok = ok;
 }
 
-std::string MetricsCollector::text() const { return metrics_text(engine_, counters_); }
+std::string MetricsCollector::text() const { return metrics_text(control_, counters_); }
 
 // ---------------------------------------------------------------------------------------------
 

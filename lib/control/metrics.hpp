@@ -1,10 +1,10 @@
 #pragma once
-// GET /metrics beyond what the engine's records hold: counters fed by the engine's event stream
+// GET /metrics beyond what the Deployer's records hold: counters fed by the Deployer's event stream
 // (deployments by result, phase durations, bytes downloaded, verification failures) and by the
 // daemon (configuration reloads), and the optional TCP listener of [metrics] listen that serves
 // the same text to Prometheus. The text itself is built by metrics_text() (routes.hpp).
 
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 #include "util/error.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -59,16 +59,32 @@ struct MetricCounters {
   SwitchDowntimes switches;                           ///< from the history at start, then each ended deployment
 };
 
-/// The counters that `engine`'s history holds: deployments by terminal state and the switch
-/// downtimes of the ended ones; every other counter at 0.
-MetricCounters counts_from_history(const deploy::Engine& engine);
+/// The Prometheus text exposition of GET /metrics with the deployment counts and switch
+/// downtimes taken from the Deployer's history and every other counter at 0 (the server answers with a MetricsCollector's
+/// counters instead).
+std::string metrics_text(const deploy::Control& control);
 
-/// Keeps MetricCounters up to date from `engine`'s events; lives on the io_context thread.
+/// The Prometheus text exposition of GET /metrics (docs/interface.md "Added by this project"):
+/// modeld_up, modeld_deployments_total{result}, modeld_deployment_running,
+/// modeld_phase_duration_seconds{phase} (the last run's), modeld_phase_seconds_total{phase},
+/// modeld_phase_runs_total{phase}, modeld_download_bytes_total,
+/// modeld_download_rate_bytes_per_second, modeld_verification_failures_total{source},
+/// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit} (the service
+/// put into service last), modeld_service_info{model,commit,unit,port,gpu_ids} (each service), the
+/// watchdog's series (modeld_readiness_probe_seconds{model} ..., each model watched), the
+/// benchmark's, and the switches' (modeld_switch_downtime_seconds{model}, modeld_switch_downtimes_seconds).
+std::string metrics_text(const deploy::Control& control, const MetricCounters& counters);
+
+/// The counters that `control`'s history holds: deployments by terminal state and the switch
+/// downtimes of the ended ones; every other counter at 0.
+MetricCounters counts_from_history(const deploy::Control& control);
+
+/// Keeps MetricCounters up to date from `control`'s events; lives on the io_context thread.
 class MetricsCollector {
  public:
-  /// Subscribes to `engine` (which must outlive the collector) and starts the deployment counts
+  /// Subscribes to `control` (which must outlive the collector) and starts the deployment counts
   /// and the switch downtimes from the ended deployments of its history.
-  explicit MetricsCollector(deploy::Engine& engine);
+  explicit MetricsCollector(deploy::Control& control);
   ~MetricsCollector();
   MetricsCollector(const MetricsCollector&) = delete;
   MetricsCollector& operator=(const MetricsCollector&) = delete;
@@ -79,13 +95,13 @@ class MetricsCollector {
   /// Counts one configuration reload, taken over (`ok`) or refused.
   void reloaded(bool ok);
 
-  /// Feeds one event as the engine would (the subscription calls this; tests too).
+  /// Feeds one event as the Deployer would (the subscription calls this; tests too).
   void on_event(const deploy::Event& event);
 
   /// The counters as they are now.
   const MetricCounters& counters() const { return counters_; }
 
-  /// The whole exposition: metrics_text(engine, counters()).
+  /// The whole exposition: metrics_text(control, counters()).
   std::string text() const;
 
  private:
@@ -94,7 +110,7 @@ class MetricsCollector {
     std::chrono::steady_clock::time_point since;
     std::uint64_t bytes_done = 0;
   };
-  deploy::Engine& engine_;
+  deploy::Control& control_;
   std::uint64_t token_ = 0;
   MetricCounters counters_;
   std::map<std::string, Tracked> running_;  ///< by deployment id

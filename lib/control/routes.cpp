@@ -7,7 +7,6 @@
 #include "util/json.hpp"
 
 #include "deploy/deployment.hpp"
-#include "gpu/nvml.hpp"
 #include "sys/log.hpp"
 #include "repo/ids.hpp"
 #include "util/text.hpp"
@@ -19,7 +18,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <initializer_list>
 #include <optional>
@@ -55,13 +53,13 @@ json active_json(const std::optional<deploy::Active>& a) {
 
 // GET /v1/status "watchdog": the active model's record, null when nothing watches it. It is the
 // watchdog of the active model's entry in `services` when there is one; else the record of the
-// model watched now (the first of engine.watchdogs()) when that is the active model.
-json watchdog_json(const deploy::Engine& engine, const std::optional<deploy::Active>& active,
+// model watched now (the first of control.watchdogs()) when that is the active model.
+json watchdog_json(const deploy::Control& control, const std::optional<deploy::Active>& active,
                    const std::vector<deploy::ServiceInfo>& services) {
   if (!active) return nullptr;
   for (const auto& s : services)
     if (s.model == active->model) return s.watchdog ? deploy::to_json(*s.watchdog) : json(nullptr);
-  auto all = engine.watchdogs();
+  auto all = control.watchdogs();
   if (all.empty() || all.front().model != active->model) return nullptr;
   return deploy::to_json(all.front());
 }
@@ -253,21 +251,21 @@ Result<deploy::DeployRequest> parse_deploy_body(const std::string& body) {
   return r;
 }
 
-Response get_status(deploy::Engine& engine) {
+Response get_status(deploy::Control& control) {
   json body;
-  body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", engine.uptime_s()}};
-  auto active = engine.active();
-  const auto services = engine.services();
+  body["daemon"] = json{{"version", MODELD_VERSION}, {"uptime_s", control.uptime_s()}};
+  auto active = control.active();
+  const auto services = control.services();
   body["active"] = active_json(active);
   body["services"] = services_json(services);
-  body["watchdog"] = watchdog_json(engine, active, services);
-  auto cur = engine.current();
+  body["watchdog"] = watchdog_json(control, active, services);
+  auto cur = control.current();
   body["deployment"] = cur ? deploy::to_json(*cur) : json(nullptr);
   return json_response(200, body);
 }
 
 
-Response list_deployments(std::string_view query, deploy::Engine& engine) {
+Response list_deployments(std::string_view query, deploy::Control& control) {
   std::size_t limit = default_history_limit;
   auto params = parse_query(query);
   if (auto it = params.find("limit"); it != params.end()) {
@@ -280,7 +278,7 @@ Response list_deployments(std::string_view query, deploy::Engine& engine) {
     limit = std::min(n, max_history_limit);
   }
   json list = json::array();
-  for (const auto& d : engine.history(limit)) {
+  for (const auto& d : control.history(limit)) {
     if (list.size() >= limit) break;
     list.push_back(deploy::to_json(d));
   }
@@ -303,21 +301,21 @@ Result<std::optional<std::string>> parse_pull_body(const std::string& body) {
 
 // POST /v1/models/{name}/pull: a record of kind pull, of the configured revision or of the
 // body's "commit".
-Response start_pull(const std::string& model, const std::string& body, deploy::Engine& engine) {
+Response start_pull(const std::string& model, const std::string& body, deploy::Control& control) {
   auto commit = parse_pull_body(body);
   if (!commit) return error_for(commit.error());
   deploy::DeployRequest r;
   r.model = model;
   r.kind = deploy::Kind::pull;
   r.commit = *commit;
-  auto d = engine.start(r);
+  auto d = control.start(r);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
 
 // POST /v1/models/{name}/stop: a record of kind stop; its body is empty or {} (a field there
 // would be one a stop does not have: bad_request naming it).
-Response start_stop(const std::string& model, const std::string& body, deploy::Engine& engine) {
+Response start_stop(const std::string& model, const std::string& body, deploy::Control& control) {
   if (!body.empty()) {
     const json j = json::parse(body, nullptr, false);
     if (j.is_discarded() || !j.is_object())
@@ -326,15 +324,15 @@ Response start_stop(const std::string& model, const std::string& body, deploy::E
       return error_for(make_error(Errc::bad_request,
                                   fmt::format("unknown field \"{}\" (a stop takes none)", j.begin().key())));
   }
-  auto d = engine.stop(model);
+  auto d = control.stop(model);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
 
-Response start_deployment(const Request& req, deploy::Engine& engine) {
+Response start_deployment(const Request& req, deploy::Control& control) {
   auto body = parse_deploy_body(req.body);
   if (!body) return error_for(body.error());
-  auto d = engine.start(*body);
+  auto d = control.start(*body);
   if (!d) return error_for(d.error());
   return json_response(202, deploy::to_json(*d));
 }
@@ -395,190 +393,7 @@ std::string sse_frame(std::string_view kind, std::string_view data) {
   return out;
 }
 
-namespace {
-
-// Escapes a Prometheus label value: backslash, double quote and line feed.
-std::string label_value(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string metrics_text(const deploy::Engine& engine) { return metrics_text(engine, counts_from_history(engine)); }
-
-namespace {
-
-void family(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
-  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-}
-
-// One series per label value in `keys`, with `label`="key" and its count in `counts` (0 when absent).
-void labelled_counts(std::string& out, std::string_view name, std::string_view label,
-                     std::initializer_list<std::string_view> keys,
-                     const std::map<std::string, std::uint64_t>& counts) {
-  for (std::string_view key : keys) {
-    auto it = counts.find(std::string(key));
-    out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, key, it == counts.end() ? 0 : it->second);
-  }
-}
-
-// modeld_up, the deployments, their phases and the download families.
-void deployment_metrics(std::string& out, const deploy::Engine& engine, const MetricCounters& counters) {
-  family(out, "modeld_up", "gauge", "Whether modeld is running (always 1 when it answers).");
-  out += "modeld_up 1\n";
-
-  family(out, "modeld_deployments_total", "counter", "Deployments that ended, by terminal state.");
-  labelled_counts(out, "modeld_deployments_total", "result", {"succeeded", "failed", "cancelled", "rolled_back"},
-                  counters.deployments);
-
-  const auto current = engine.current();
-  family(out, "modeld_deployment_running", "gauge", "Whether a deployment runs now.");
-  out += fmt::format("modeld_deployment_running {}\n", current && !current->ended() ? 1 : 0);
-
-  // Durations of each phase: the deployment that ran it last (what an operator compares with),
-  // and totals since the daemon started for averages (rate(total) / rate(runs)). Plain counters
-  // rather than a histogram: the buckets that would fit a 2 s planning and a 3 h download differ
-  // too much to be useful in one family.
-  family(out, "modeld_phase_duration_seconds", "gauge",
-         "Time the deployment that ran each phase last spent in it, in seconds.");
-  for (const auto& [phase, d] : counters.phases)
-    out += fmt::format("modeld_phase_duration_seconds{{phase=\"{}\"}} {}\n", label_value(phase), d.last);
-  family(out, "modeld_phase_seconds_total", "counter", "Time all deployments since modeld started spent in each phase, in seconds.");
-  for (const auto& [phase, d] : counters.phases)
-    out += fmt::format("modeld_phase_seconds_total{{phase=\"{}\"}} {}\n", label_value(phase), d.sum);
-  family(out, "modeld_phase_runs_total", "counter", "Phases run to their end by deployments since modeld started.");
-  for (const auto& [phase, d] : counters.phases)
-    out += fmt::format("modeld_phase_runs_total{{phase=\"{}\"}} {}\n", label_value(phase), d.count);
-
-  family(out, "modeld_download_bytes_total", "counter", "Checkpoint bytes written by downloads since modeld started.");
-  out += fmt::format("modeld_download_bytes_total {}\n", counters.download_bytes);
-  family(out, "modeld_download_rate_bytes_per_second", "gauge",
-         "Download rate of the running deployment now (0 when nothing downloads), in bytes per second.");
-  double rate = 0;
-  if (current && !current->ended() && current->phase == deploy::Phase::downloading)
-    rate = current->progress.rate_bytes_per_s;
-  out += fmt::format("modeld_download_rate_bytes_per_second {}\n", rate);
-}
-
-// The switches' outages: the last per model and a histogram of all.
-void switch_metrics(std::string& out, const SwitchDowntimes& sw) {
-  family(out, "modeld_switch_downtime_seconds", "gauge",
-         "Outage of the model's last switch (DEPLOYMENT.switch.downtime_s), in seconds.");
-  for (const auto& [model, s] : sw.last)
-    out += fmt::format("modeld_switch_downtime_seconds{{model=\"{}\"}} {}\n", label_value(model), s);
-  family(out, "modeld_switch_downtimes_seconds", "histogram",
-         "Outages of switches (DEPLOYMENT.switch.downtime_s) in the kept history and since, in seconds.");
-  for (std::size_t i = 0; i < sw.bounds.size(); ++i)
-    out += fmt::format("modeld_switch_downtimes_seconds_bucket{{le=\"{}\"}} {}\n", sw.bounds[i], sw.buckets[i]);
-  out += fmt::format("modeld_switch_downtimes_seconds_bucket{{le=\"+Inf\"}} {}\n", sw.count);
-  out += fmt::format("modeld_switch_downtimes_seconds_sum {}\n", sw.sum);
-  out += fmt::format("modeld_switch_downtimes_seconds_count {}\n", sw.count);
-}
-
-// The verification failure and configuration reload families.
-void check_metrics(std::string& out, const MetricCounters& counters) {
-  family(out, "modeld_verification_failures_total", "counter",
-         "Checkpoints found damaged: deployments failed by a size, checksum, safetensors or completeness check "
-         "(source=deployment), and modelctl verify runs that found problems (source=verify).");
-  labelled_counts(out, "modeld_verification_failures_total", "source", {"deployment", "verify"},
-                  counters.verification_failures);
-
-  family(out, "modeld_config_reloads_total", "counter", "Configuration reloads (SIGHUP), taken over or refused.");
-  labelled_counts(out, "modeld_config_reloads_total", "result", {"success", "failure"}, counters.reloads);
-  family(out, "modeld_config_last_reload_successful", "gauge",
-         "Whether the last configuration reload was taken over (1 until the first reload).");
-  out += fmt::format("modeld_config_last_reload_successful {}\n", counters.last_reload_ok.value_or(true) ? 1 : 0);
-}
-
-// The watchdog records of every model watched since the daemon started (engine.watchdogs()),
-// and of each service in service that engine.watchdogs() leaves out: one per model.
-std::vector<deploy::WatchdogStatus> watched_models(const deploy::Engine& engine) {
-  auto watched = engine.watchdogs();
-  for (const auto& s : engine.services()) {
-    if (!s.watchdog) continue;
-    auto same = [&](const deploy::WatchdogStatus& w) { return w.model == s.model; };
-    if (std::none_of(watched.begin(), watched.end(), same)) watched.push_back(*s.watchdog);
-  }
-  return watched;
-}
-
-// The post-deploy watchdog, one series per model watched since the daemon started.
-void watchdog_metrics(std::string& out, const deploy::Engine& engine) {
-  const auto watched = watched_models(engine);
-  auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
-    if (watched.empty()) return;
-    family(out, name, type, help);
-    for (const auto& w : watched) {
-      auto v = value(w);
-      if (v) out += fmt::format("{}{{model=\"{}\"}} {}\n", name, label_value(w.model), *v);
-    }
-  };
-  per_model("modeld_watchdog_restarts_total", "counter", "Restarts of the model's unit by the watchdog.",
-            [](const deploy::WatchdogStatus& w) { return std::optional<double>(static_cast<double>(w.restarts)); });
-  per_model("modeld_watchdog_probe_failures_total", "counter", "Failed watchdog probes of the model's server.",
-            [](const deploy::WatchdogStatus& w) { return std::optional<double>(static_cast<double>(w.probe_failures)); });
-  per_model("modeld_watchdog_consecutive_failures", "gauge", "Failed watchdog probes in a row now.",
-            [](const deploy::WatchdogStatus& w) {
-              return std::optional<double>(static_cast<double>(w.consecutive_failures));
-            });
-  per_model("modeld_readiness_probe_seconds", "gauge", "How long the last watchdog probe took, in seconds.",
-            [](const deploy::WatchdogStatus& w) { return w.last_probe_seconds; });
-}
-
-// The active model (the service put into service last) and every service in service.
-void service_metrics(std::string& out, const deploy::Engine& engine) {
-  family(out, "modeld_active_model_info", "gauge",
-         "The model in service (of several, the one put into service last), its commit and its unit.");
-  if (auto a = engine.active())
-    out += fmt::format("modeld_active_model_info{{model=\"{}\",commit=\"{}\",unit=\"{}\"}} 1\n",
-                       label_value(a->model), label_value(a->commit), label_value(a->unit));
-  family(out, "modeld_service_info", "gauge",
-         "Each model in service: its commit, unit, the port and GPU ids (NVML indices; all, none) it was started with.");
-  for (const auto& s : engine.services())
-    out += fmt::format("modeld_service_info{{model=\"{}\",commit=\"{}\",unit=\"{}\",port=\"{}\",gpu_ids=\"{}\"}} 1\n",
-                       label_value(s.model), label_value(s.commit), label_value(s.unit), s.port,
-                       label_value(gpu::describe_indices(s.gpu_ids)));
-}
-
-// The benchmark of each model's newest deployment that measured one.
-void benchmark_metrics(std::string& out, const deploy::Engine& engine) {
-  std::map<std::string, std::pair<double, double>> bench;
-  for (const auto& d : engine.history(std::numeric_limits<std::size_t>::max()))
-    if (d.benchmark_ttft_s && d.benchmark_decode_tokens_per_s && !bench.count(d.model))
-      bench[d.model] = {*d.benchmark_ttft_s, *d.benchmark_decode_tokens_per_s};
-  if (bench.empty()) return;
-  out += "# HELP modeld_benchmark_ttft_seconds Time to the first token in the model's last deployment benchmark.\n";
-  out += "# TYPE modeld_benchmark_ttft_seconds gauge\n";
-  for (const auto& [model, b] : bench)
-    out += fmt::format("modeld_benchmark_ttft_seconds{{model=\"{}\"}} {}\n", label_value(model), b.first);
-  out += "# HELP modeld_benchmark_decode_tokens_per_second Decode rate in the model's last deployment benchmark.\n";
-  out += "# TYPE modeld_benchmark_decode_tokens_per_second gauge\n";
-  for (const auto& [model, b] : bench)
-    out += fmt::format("modeld_benchmark_decode_tokens_per_second{{model=\"{}\"}} {}\n", label_value(model),
-                       b.second);
-}
-
-}  // namespace
-
-std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters) {
-  std::string out;
-  deployment_metrics(out, engine, counters);
-  switch_metrics(out, counters.switches);
-  check_metrics(out, counters);
-  service_metrics(out, engine);
-  watchdog_metrics(out, engine);
-  benchmark_metrics(out, engine);
-  return out;
-}
-
-Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, const Access& access) {
+Response handle(const Request& req, const Peer& peer, deploy::Control& control, const Access& access) {
   std::string_view target = req.target;
   std::string_view path = target.substr(0, target.find('?'));
   std::string_view query =
@@ -595,7 +410,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!get) return method_not_allowed(req, path, "GET");
     Response r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_text(engine);
+    r.body = metrics_text(control);
     return r;
   }
   if (parts.size() < 2 || parts[0] != "v1") return not_found();
@@ -603,7 +418,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
   const auto& what = parts[1];
   if (parts.size() == 2 && what == "status") {
     if (!get) return method_not_allowed(req, path, "GET");
-    return get_status(engine);
+    return get_status(control);
   }
   if (parts.size() == 2 && what == "events") {
     if (!get) return method_not_allowed(req, path, "GET");
@@ -615,17 +430,17 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
   if (what != "deployments") return not_found();
 
   if (parts.size() == 2) {
-    if (get) return list_deployments(query, engine);
+    if (get) return list_deployments(query, control);
     if (!post) return method_not_allowed(req, path, "GET, POST");
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) return error_for(ok.error());
-    return start_deployment(req, engine);
+    return start_deployment(req, control);
   }
   auto id = decode_segment(parts[2]);
   if (!id) return not_found();
   if (parts.size() == 3) {
     if (!get) return method_not_allowed(req, path, "GET");
-    auto d = engine.get(*id);
+    auto d = control.get(*id);
     if (!d) return error_for(d.error());
     return json_response(200, deploy::to_json(*d));
   }
@@ -633,7 +448,7 @@ Response handle(const Request& req, const Peer& peer, deploy::Engine& engine, co
     if (!post) return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) return error_for(ok.error());
-    auto d = engine.cancel(*id);
+    auto d = control.cancel(*id);
     if (!d) return error_for(d.error());
     return json_response(200, deploy::to_json(*d));
   }
@@ -697,7 +512,7 @@ json removal_json(const deploy::Removal& r) {
 
 namespace {
 
-// The model routes that await the engine: /v1/models/{name}/plan, /v1/models/{name}/verify,
+// The model routes that await the Deployer: /v1/models/{name}/plan, /v1/models/{name}/verify,
 // /v1/models/{name}/pull, /v1/models/{name}/stop, /v1/models/{name}. nullopt when the request is not one of them.
 std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
   const auto parts = split_path(path);
@@ -733,20 +548,20 @@ Result<std::optional<std::string>> commit_param(std::string_view query) {
 
 }  // namespace
 
-boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Engine& engine, const Access& access,
+boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Control& control, const Access& access,
                                               HubReads* hub_reads) {
   std::string_view target = req.target;
   std::string_view path = target.substr(0, target.find('?'));
   std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
   if (const auto parts = split_path(path); parts.size() == 2 && parts[0] == "v1" && parts[1] == "models") {
     if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
-    const auto models = co_await engine.models();
+    const auto models = co_await control.models();
     json list = json::array();
     for (const auto& m : models) list.push_back(model_json(m));
     co_return json_response(200, json{{"models", std::move(list)}});
   }
   auto route = model_route(path);
-  if (!route) co_return handle(req, peer, engine, access);
+  if (!route) co_return handle(req, peer, control, access);
   // Copies, not a structured binding: GCC 12 keeps a binding out of the coroutine frame.
   const std::string name = route->first;
   const std::string action = route->second;
@@ -769,7 +584,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
       if (!entered) co_return too_many(req, path, peer, *hub_reads, entered.error());
       slot.emplace(std::move(*entered));
     }
-    auto plan = co_await engine.plan(name, *allow_downtime, *commit);
+    auto plan = co_await control.plan(name, *allow_downtime, *commit);
     if (!plan) co_return error_for(plan.error());
     co_return json_response(200, plan_json(*plan));
   }
@@ -778,7 +593,7 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
     if (!repo::valid_model_name(name)) co_return unknown();
-    auto report = co_await engine.verify(name);
+    auto report = co_await control.verify(name);
     if (!report) co_return error_for(report.error());
     co_return json_response(200, verify_json(*report));
   }
@@ -786,13 +601,13 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    co_return start_pull(name, req.body, engine);
+    co_return start_pull(name, req.body, control);
   }
   if (action == "stop") {
     if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
     if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
     if (auto ok = known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    co_return start_stop(name, req.body, engine);
+    co_return start_stop(name, req.body, control);
   }
   if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
   if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
@@ -806,9 +621,9 @@ boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::En
     co_return error_for(make_error(Errc::bad_request, "commit must be a commit id of 40 lowercase hex digits"));
   Result<deploy::Removal> removed = make_error(Errc::internal, "not removed");
   if (one)
-    removed = co_await engine.remove_revision(name, *one);
+    removed = co_await control.remove_revision(name, *one);
   else
-    removed = co_await engine.remove(name);
+    removed = co_await control.remove(name);
   if (!removed) co_return error_for(removed.error());
   co_return json_response(200, removal_json(*removed));
 }

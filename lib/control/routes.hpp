@@ -3,7 +3,7 @@
 // request to a response, so that every answer is testable without sockets. The socket side
 // (lib/control/server.cpp) parses HTTP, reads the peer's credentials and streams SSE.
 
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 #include "util/error.hpp"
 
 #include <boost/asio/awaitable.hpp>
@@ -62,20 +62,20 @@ struct Response {
 
 /// Answers one request for `peer`: dispatches to the route, checks `access` on mutating
 /// routes (403 forbidden and a journal warning naming the uid), validates bodies and maps
-/// engine errors to statuses. Never throws for bad input; unknown routes are 404 not_found,
+/// Deployer errors to statuses. Never throws for bad input; unknown routes are 404 not_found,
 /// known routes with another method 405.
-Response handle(const Request& request, const Peer& peer, deploy::Engine& engine,
+Response handle(const Request& request, const Peer& peer, deploy::Control& control,
                 const Access& access);
 
 class HubReads;
 
 /// Answers one request like handle(), and also the routes whose work takes time and runs
-/// through the engine's coroutines: GET /v1/models (the store walk, off the event loop),
+/// through the Deployer's coroutines: GET /v1/models (the store walk, off the event loop),
 /// GET /v1/models/{name}/plan[?allow_downtime=true] (read),
 /// POST /v1/models/{name}/verify, /pull, /stop and DELETE /v1/models/{name} (mutating: root and
 /// control.group only). The server calls this; handle() alone answers those routes 404. With `hub_reads`, a
 /// plan beyond the peer's share of it is answered 429 too_many_requests (Retry-After: 1).
-boost::asio::awaitable<Response> handle_async(Request request, Peer peer, deploy::Engine& engine,
+boost::asio::awaitable<Response> handle_async(Request request, Peer peer, deploy::Control& control,
                                               const Access& access, HubReads* hub_reads = nullptr);
 
 /// The JSON bodies of the plan, verify and rm routes (docs/interface.md "Added by this project").
@@ -98,23 +98,5 @@ std::string sse_message(const deploy::Event& event);
 /// Frames one SSE message: "event: KIND\ndata: DATA\n\n" (a multi-line payload becomes several
 /// data: lines, as the SSE format requires).
 std::string sse_frame(std::string_view kind, std::string_view data);
-
-struct MetricCounters;
-
-/// The Prometheus text exposition of GET /metrics with the deployment counts and switch
-/// downtimes taken from the engine's history and every other counter at 0 (the server answers with a MetricsCollector's
-/// counters instead).
-std::string metrics_text(const deploy::Engine& engine);
-
-/// The Prometheus text exposition of GET /metrics (docs/interface.md "Added by this project"):
-/// modeld_up, modeld_deployments_total{result}, modeld_deployment_running,
-/// modeld_phase_duration_seconds{phase} (the last run's), modeld_phase_seconds_total{phase},
-/// modeld_phase_runs_total{phase}, modeld_download_bytes_total,
-/// modeld_download_rate_bytes_per_second, modeld_verification_failures_total{source},
-/// modeld_config_reloads_total{result}, modeld_active_model_info{model,commit,unit} (the service
-/// put into service last), modeld_service_info{model,commit,unit,port,gpu_ids} (each service), the
-/// watchdog's series (modeld_readiness_probe_seconds{model} ..., each model watched), the
-/// benchmark's, and the switches' (modeld_switch_downtime_seconds{model}, modeld_switch_downtimes_seconds).
-std::string metrics_text(const deploy::Engine& engine, const MetricCounters& counters);
 
 }  // namespace modeld::control

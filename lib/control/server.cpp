@@ -126,14 +126,14 @@ bool socket_answers(const std::filesystem::path& path, int& err) {
 }  // namespace
 
 struct Server::Impl : std::enable_shared_from_this<Impl> {
-  Impl(asio::any_io_executor ex, deploy::Engine& e, Options o)
-      : executor(std::move(ex)), engine(e), options(std::move(o)), acceptor(executor), hub_reads(options.limits.hub_reads) {
+  Impl(asio::any_io_executor ex, deploy::Control& e, Options o)
+      : executor(std::move(ex)), control(e), options(std::move(o)), acceptor(executor), hub_reads(options.limits.hub_reads) {
     access.group = options.group;
     access.is_member = options.is_member;
   }
 
   asio::any_io_executor executor;
-  deploy::Engine& engine;
+  deploy::Control& control;
   Options options;
   Access access;
   local::acceptor acceptor;
@@ -167,8 +167,8 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   }
 };
 
-Server::Server(asio::any_io_executor executor, deploy::Engine& engine, Options options)
-    : impl_(std::make_shared<Impl>(std::move(executor), engine, std::move(options))) {}
+Server::Server(asio::any_io_executor executor, deploy::Control& control, Options options)
+    : impl_(std::make_shared<Impl>(std::move(executor), control, std::move(options))) {}
 
 Server::~Server() { stop(); }
 
@@ -390,7 +390,7 @@ asio::awaitable<bool> Server::Impl::answer(std::shared_ptr<Conn> conn, http::req
     r.body = options.metrics->text();
   } else {
     Request seen{req.method, req.target, {}};
-    r = co_await handle_async(std::move(req), conn->peer, engine, access, &hub_reads);
+    r = co_await handle_async(std::move(req), conn->peer, control, access, &hub_reads);
     if (options.metrics) options.metrics->observe(seen, r);
   }
   if (r.event_stream) {
@@ -415,7 +415,7 @@ asio::awaitable<void> Server::Impl::stream_events(std::shared_ptr<Conn> conn) {
   const std::size_t max_lag = limits.max_event_lag;
   // Subscribe before the answer's head goes out: a client that has read the head has every
   // later event coming.
-  const auto token = engine.subscribe([queue, max_lag](const deploy::Event& e) {
+  const auto token = control.subscribe([queue, max_lag](const deploy::Event& e) {
     if (queue->closed || queue->overflow || e.kind == deploy::EventKind::watcher) return;
     if (queue->messages.size() >= max_lag) {
       queue->overflow = true;
@@ -426,10 +426,10 @@ asio::awaitable<void> Server::Impl::stream_events(std::shared_ptr<Conn> conn) {
     queue->wake.cancel();
   });
   struct Unsubscribe {
-    deploy::Engine& engine;
+    deploy::Control& control;
     std::uint64_t token;
-    ~Unsubscribe() { engine.unsubscribe(token); }
-  } unsubscribe{engine, token};
+    ~Unsubscribe() { control.unsubscribe(token); }
+  } unsubscribe{control, token};
 
   static constexpr std::string_view head =
       "HTTP/1.1 200 OK\r\n"

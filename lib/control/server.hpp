@@ -7,7 +7,7 @@
 #include "control/hub_reads.hpp"
 #include "control/metrics.hpp"
 #include "control/routes.hpp"
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 #include "util/error.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -47,17 +47,17 @@ struct Options {
   std::string group = "modeld";  ///< control.group: may call mutating routes besides root
   Limits limits;
   IsMember is_member;  ///< membership check; peer_in_group when empty (tests inject their own)
-  /// Answers GET /metrics with its counters (the daemon's); null: metrics_text(engine) from the
+  /// Answers GET /metrics with its counters (the daemon's); null: metrics_text(control) from the
   /// history alone. Must outlive the server; it observes every answered request.
   MetricsCollector* metrics = nullptr;
 };
 
 /// The server. Create, listen() or adopt(), start(); stop() before the io_context stops.
-/// The engine must outlive the io_context's last run (connections unsubscribe on their way out).
+/// The deploy::Control must outlive the io_context's last run (connections unsubscribe on their way out).
 class Server {
  public:
   /// Makes a server that runs on `executor` (the daemon's one io_context thread).
-  Server(boost::asio::any_io_executor executor, deploy::Engine& engine, Options options);
+  Server(boost::asio::any_io_executor executor, deploy::Control& control, Options options);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

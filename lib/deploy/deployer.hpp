@@ -3,11 +3,11 @@
 // (steps.hpp) as one coroutine per deployment, applies each phase's result to the record and the
 // daemon's state, records every transition durably (written on the disk pool, awaited) before
 // the next step starts, rolls back when the new model fails after the old one was stopped, and
-// continues an unfinished deployment after a daemon restart. It is the Engine the control plane
+// continues an unfinished deployment after a daemon restart. It is the deploy::Control the control plane
 // talks to. Everything here runs on the event loop and never blocks it: disk work (records,
 // state.json, store queries) goes to the disk pool.
 
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 #include "deploy/phases.hpp"
 #include "deploy/state_store.hpp"
 #include "deploy/steps.hpp"
@@ -37,8 +37,8 @@ inline constexpr const char* rolled_back = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f73";
 inline constexpr const char* cancelled = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f74";
 }  // namespace message_id
 
-/// The Engine: owns the running deployment, the history and the daemon state.
-class Deployer final : public Engine {
+/// The deploy::Control: owns the running deployment, the history and the daemon state.
+class Deployer final : public Control {
  public:
   /// `services` must outlive the Deployer; `states` is its durable store.
   Deployer(boost::asio::io_context& io, Services services, StateStore& states);
@@ -83,7 +83,7 @@ class Deployer final : public Engine {
   /// A one-line summary for sd_notify STATUS=, e.g. "downloading kimi-k2-5: 37% of 547.0 GB, ...".
   std::string status_line() const;
 
-  // Engine
+  // Control
   std::optional<Active> active() const override;
   std::vector<ServiceInfo> services() const override;
   Result<Deployment> stop(const std::string& model) override;

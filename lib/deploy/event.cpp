@@ -1,5 +1,5 @@
-// The engine's events as fields, and their JSON where they leave the daemon (the SSE stream).
-#include "deploy/engine.hpp"
+// The Deployer's events as fields, and their JSON where they leave the daemon (the SSE stream).
+#include "deploy/control.hpp"
 #include "util/json.hpp"
 
 #include <nlohmann/json.hpp>

@@ -6,7 +6,7 @@
 // get the unit restarted, with exponential backoff between restarts, each one logged with why.
 
 #include "config/config.hpp"
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 #include "deploy/phases.hpp"
 #include "sys/log.hpp"
 #include "util/error.hpp"
@@ -74,7 +74,7 @@ class ModelWatcher {
   boost::asio::awaitable<void> stop();
 
   /// Called on the io thread with the watched model's record whenever it changes (state,
-  /// counters), e.g. to refresh sd_notify STATUS= and send the engine's watcher event.
+  /// counters), e.g. to refresh sd_notify STATUS= and send the Deployer's watcher event.
   void on_change(std::function<void(const WatchdogStatus&)> f) { on_change_ = std::move(f); }
 
   /// Called on the io thread after the watch started the model's unit again, with the settings

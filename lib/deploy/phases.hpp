@@ -9,7 +9,7 @@
 
 #include "config/config.hpp"
 #include "deploy/deployment.hpp"
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 #include "store/store.hpp"
 #include "deploy/placement.hpp"
 #include "deploy/records.hpp"

@@ -1,4 +1,4 @@
-// What the Deployer tells: download and warming progress, STATUS=, and the Engine's queries
+// What the Deployer tells: download and warming progress, STATUS=, and deploy::Control's queries
 // (active, services, current, history, get, watchdogs, uptime) and its event listeners.
 #include "deploy/deployer.hpp"
 #include "deploy/running.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 // The live part of the running deployment (Deployer::Running), shared by the driver's files:
 // deployer.cpp (start, the steps, rollback, finish), boot.cpp (boot recovery and reload),
-// store_requests.cpp (models, plan, verify, rm), queries.cpp (progress, STATUS=, the Engine's
+// store_requests.cpp (models, plan, verify, rm), queries.cpp (progress, STATUS=, deploy::Control's
 // queries) and watching.cpp (model watchers, placement checks). Private to lib/deploy; no phase
 // includes it.
 

@@ -5,6 +5,7 @@
 // output to journald with sd_journal_stream_fd. Both use libsystemd, the only places in lib/
 // besides lib/sys that do; tests may substitute a fake.
 
+#include "units/dropin.hpp"
 #include "util/error.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -131,29 +132,6 @@ Result<void> write_dropin_file(const std::filesystem::path& unit_dir, const std:
 /// Throws std::runtime_error when the system bus cannot be opened.
 std::unique_ptr<ServiceManager> make_systemd_manager(boost::asio::any_io_executor executor,
                                                      std::filesystem::path unit_dir);
-
-/// What the process backend runs for a unit: the [Service] settings of its drop-ins that it
-/// honours (ExecStart=, WorkingDirectory=, Environment=, TimeoutStopSec=); others are ignored.
-struct ProcessSpec {
-  /// ExecStart= split into words, quotes and specifiers resolved; `$$`, `${VAR}` and `$VAR` are
-  /// left for exec_argv(), as systemd expands them against the unit's environment at exec time.
-  std::vector<std::string> argv;             ///< empty: nothing to run
-  std::filesystem::path working_directory;   ///< empty: the daemon's own
-  /// Environment= assignments in order ("KEY=VALUE"); a later one for the same KEY wins.
-  std::vector<std::string> environment;
-  std::chrono::milliseconds stop_timeout = std::chrono::seconds(90);  ///< systemd's default
-};
-
-/// Applies one drop-in's [Service] section to `spec` the way systemd merges drop-ins: an empty
-/// ExecStart= or Environment= clears what earlier drop-ins set. Understands systemd's quoting
-/// ("..." and '...' with C escapes), the specifiers %% %i %I %n %N, $$ and ${VAR}/$VAR taken
-/// from Environment=, and time spans ("30s", "5min", "1h 2min", "infinity", plain seconds).
-/// config_invalid naming `unit` and the line for a setting it cannot parse.
-Result<void> apply_dropin(ProcessSpec& spec, std::string_view content, const std::string& unit);
-
-/// `spec.argv` with `$$` turned into `$` and `${VAR}` / `$VAR` replaced by the value of VAR in
-/// `environment` ("KEY=VALUE" strings, a later KEY winning; an unset VAR gives "").
-std::vector<std::string> exec_argv(const ProcessSpec& spec, const std::vector<std::string>& environment);
 
 /// Options of the process backend.
 struct ProcessManagerOptions {

@@ -97,8 +97,8 @@ def self_test():
         root = pathlib.Path(d)
         deploy = root / "lib" / "deploy"
         deploy.mkdir(parents=True)
-        (deploy / "phases.hpp").write_text('#include "deploy/engine.hpp"\n#include "util/error.hpp"\n')
-        (deploy / "engine.hpp").write_text("#pragma once\n")
+        (deploy / "phases.hpp").write_text('#include "deploy/control.hpp"\n#include "util/error.hpp"\n')
+        (deploy / "control.hpp").write_text("#pragma once\n")
         for name in PHASES:
             (deploy / (name + ".cpp")).write_text('#include "deploy/phases.hpp"\n')
         report = io.StringIO()

@@ -1,11 +1,11 @@
 // Golden tests of the wire contract (tests/fixtures/golden/README.md): the JSON of every route,
 // the SSE frames and the /metrics text, made from the fixed records of golden_records.hpp by the
-// routes (handle_async against a fake engine), compared byte for byte with committed files.
+// routes (handle_async against a fake deploy::Control), compared byte for byte with committed files.
 // Taken before issue 26 reshapes where that JSON is made; they must pass unchanged after it.
 
 #include "control/metrics.hpp"
 #include "control/routes.hpp"
-#include "unit/control/fake_engine.hpp"
+#include "unit/control/fake_control.hpp"
 #include "unit/control/golden_records.hpp"
 #include "unit/golden.hpp"
 
@@ -16,7 +16,7 @@
 
 using namespace modeld;
 using namespace modeld::control;
-using control::test::FakeEngine;
+using control::test::FakeControl;
 namespace g = control::golden;
 
 namespace {
@@ -38,7 +38,7 @@ struct Transcript {
 
   // Answers `method target` with `body` for `peer`; the body is checked against `file` (for JSON
   // with a newline after it), or must be empty when `file` is "-".
-  Response ask(FakeEngine& e, const std::string& method, const std::string& target, const std::string& file,
+  Response ask(FakeControl& e, const std::string& method, const std::string& target, const std::string& file,
                const std::string& body = {}, const Peer& peer = member) {
     auto r = control::test::answer(e, Request{method, target, body}, peer, members_only());
     std::string headers;
@@ -55,8 +55,8 @@ struct Transcript {
   }
 };
 
-// The engine with every record of golden_records.hpp: two services, a running deployment.
-void make_rich(FakeEngine& e) {
+// The deploy::Control with every record of golden_records.hpp: two services, a running deployment.
+void make_rich(FakeControl& e) {
   e.known = {"alpha", "beta", "gamma", "delta"};
   e.active_model = g::active();
   e.in_service = g::services();
@@ -68,8 +68,8 @@ void make_rich(FakeEngine& e) {
   e.remove_result = g::removal_all();
 }
 
-// An engine with nothing in service and no history.
-void make_idle(FakeEngine& e) { e.known = {"alpha", "beta", "gamma", "delta"}; }
+// A deploy::Control with nothing in service and no history.
+void make_idle(FakeControl& e) { e.known = {"alpha", "beta", "gamma", "delta"}; }
 
 // The running deployment of gamma at its end: succeeded, with its switch, warm and benchmark.
 deploy::Deployment gamma_finished() {
@@ -88,7 +88,7 @@ deploy::Deployment gamma_finished() {
 }  // namespace
 
 TEST_CASE("golden: the read routes answer the fixed records byte for byte") {
-  FakeEngine e;
+  FakeControl e;
   make_rich(e);
   Transcript t;
   t.ask(e, "GET", "/v1/status", "api/status.json");
@@ -104,13 +104,13 @@ TEST_CASE("golden: the read routes answer the fixed records byte for byte") {
   t.ask(e, "GET", "/v1/models/alpha/plan?commit=" + g::kA1, "api/plan_serving.json");
   t.ask(e, "GET", "/v1/events", "-");
   t.ask(e, "GET", "/metrics", "metrics/history.txt");
-  FakeEngine idle;
+  FakeControl idle;
   make_idle(idle);
   t.ask(idle, "GET", "/v1/status", "api/status_idle.json");
   t.ask(idle, "GET", "/v1/deployments", "api/deployments_empty.json");
   t.ask(idle, "GET", "/v1/models", "api/models_empty.json");
   t.ask(idle, "GET", "/metrics", "metrics/idle.txt");
-  FakeEngine failed;  // nothing in service, the last deployment failed
+  FakeControl failed;  // nothing in service, the last deployment failed
   make_idle(failed);
   failed.deployments = {g::gamma_failed(), g::alpha_rolled_back()};
   t.ask(failed, "GET", "/v1/status", "api/status_failed.json");
@@ -118,7 +118,7 @@ TEST_CASE("golden: the read routes answer the fixed records byte for byte") {
 }
 
 TEST_CASE("golden: the mutating routes answer the fixed records byte for byte") {
-  FakeEngine e;
+  FakeControl e;
   make_rich(e);
   Transcript t;
   t.ask(e, "POST", "/v1/models/alpha/verify", "api/verify_problems.json");
@@ -131,7 +131,7 @@ TEST_CASE("golden: the mutating routes answer the fixed records byte for byte") 
   e.deployments.front() = gamma_finished();
   t.ask(e, "GET", "/v1/deployments/20260301T150000Z-gamma", "api/deployment_20260301T150000Z-gamma_finished.json");
   t.ask(e, "GET", "/v1/status", "api/status_finished.json");
-  FakeEngine idle1, idle2, idle3;
+  FakeControl idle1, idle2, idle3;
   for (auto* i : {&idle1, &idle2, &idle3}) make_idle(*i);
   t.ask(idle1, "POST", "/v1/deployments", "api/deploy_accepted.json", R"({"model": "alpha", "allow_downtime": true})");
   t.ask(idle2, "POST", "/v1/models/beta/pull", "api/pull_accepted.json", R"({"commit": ")" + g::kB1 + R"("})");
@@ -140,7 +140,7 @@ TEST_CASE("golden: the mutating routes answer the fixed records byte for byte") 
 }
 
 TEST_CASE("golden: refusals and errors answer byte for byte") {
-  FakeEngine e;
+  FakeControl e;
   make_rich(e);
   Transcript t;
   t.ask(e, "GET", "/v1/deployments/nope", "api/error_deployment_not_found.json");
@@ -158,7 +158,7 @@ TEST_CASE("golden: refusals and errors answer byte for byte") {
   t.ask(e, "GET", "/v1/models/omega/plan", "api/error_unknown_model.json");
   t.ask(e, "DELETE", "/v1/models/alpha", "api/error_rm_active.json");
   t.ask(e, "DELETE", "/v1/models/beta?commit=abc", "api/error_rm_bad_commit.json");
-  FakeEngine idle;
+  FakeControl idle;
   make_idle(idle);
   t.ask(idle, "POST", "/v1/deployments", "api/error_unknown_model_deploy.json",
         R"({"model": "omega"})");
@@ -213,7 +213,7 @@ TEST_CASE("golden: SSE frames of a run, of every end and of a multi-line payload
 }
 
 TEST_CASE("golden: /metrics text of fixed counters") {
-  FakeEngine e;
+  FakeControl e;
   make_rich(e);
   MetricCounters c = counts_from_history(e);
   c.phases["planning"] = {3, 4.5, 1.25};

@@ -3,7 +3,7 @@
 // kind and terminal state, services, watchdogs, models, plans, verify reports and removals whose
 // every field, times included, is set here, so the JSON and text made from them never vary.
 
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 
 #include <cstdint>
 #include <string>
@@ -155,7 +155,7 @@ inline deploy::Deployment gamma_running() {
   return d;
 }
 
-// The history of the rich engine, newest first: one running, then every kind and end.
+// The history of the rich deploy::Control, newest first: one running, then every kind and end.
 inline std::vector<deploy::Deployment> history() {
   return {gamma_running(), gamma_stopped(), alpha_rolled_back(), gamma_failed(),
           beta_pulled(),   alpha_succeeded(), beta_cancelled(),  alpha_noop()};

@@ -1,10 +1,10 @@
-// The metrics counters fed by engine events, the exposition they produce, and the TCP listener
+// The metrics counters fed by the Deployer's events, the exposition they produce, and the TCP listener
 // of [metrics] listen through a real loopback socket (blocking client with deadlines).
 
 #include "control/metrics.hpp"
 #include "control/accept.hpp"
 #include "control/routes.hpp"
-#include "unit/control/fake_engine.hpp"
+#include "unit/control/fake_control.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -30,7 +30,7 @@
 
 using namespace modeld;
 using namespace modeld::control;
-using control::test::FakeEngine;
+using control::test::FakeControl;
 using control::test::make_deployment;
 namespace asio = boost::asio;
 
@@ -107,7 +107,7 @@ void check_exposition(const std::string& text) {
 }  // namespace
 
 TEST_CASE("phase durations become the last value, a total and a count per phase") {
-  FakeEngine e;
+  FakeControl e;
   MetricsCollector c(e);
   c.on_event(phase("d1", "planning"));
   c.on_event(phase("d1", "downloading"));
@@ -143,7 +143,7 @@ TEST_CASE("a phase's observations add up and the newest is the last") {
 }
 
 TEST_CASE("bytes downloaded count every increase of bytes on disk and never a decrease") {
-  FakeEngine e;
+  FakeControl e;
   MetricsCollector c(e);
   c.on_event(progress("d1", 100));
   c.on_event(progress("d1", 400));
@@ -156,7 +156,7 @@ TEST_CASE("bytes downloaded count every increase of bytes on disk and never a de
 }
 
 TEST_CASE("deployments that fail a checkpoint check and verify runs with problems count as verification failures") {
-  FakeEngine e;
+  FakeControl e;
   MetricsCollector c(e);
   c.on_event(ended("d1", "failed", "checksum_mismatch"));
   c.on_event(ended("d2", "failed", "hub_unavailable"));
@@ -172,12 +172,12 @@ TEST_CASE("deployments that fail a checkpoint check and verify runs with problem
 }
 
 TEST_CASE("deployment counts start from the history and grow with terminal events") {
-  FakeEngine e;
+  FakeControl e;
   e.deployments = {make_deployment("d2", "llama", deploy::State::cancelled),
                    make_deployment("d1", "llama", deploy::State::succeeded)};
   MetricsCollector c(e);
   REQUIRE(e.listeners.size() == 1);
-  // Through the engine's subscription, as the daemon feeds it.
+  // Through the Deployer's subscription, as the daemon feeds it.
   for (auto& [token, listener] : e.listeners) listener(ended("d3", "succeeded"));
   const auto t = c.text();
   CHECK(sample(t, R"(modeld_deployments_total{result="succeeded"})") == 2);
@@ -186,13 +186,13 @@ TEST_CASE("deployment counts start from the history and grow with terminal event
 }
 
 TEST_CASE("the collector unsubscribes when it goes") {
-  FakeEngine e;
+  FakeControl e;
   { MetricsCollector c(e); CHECK(e.listeners.size() == 1); }
   CHECK(e.listeners.empty());
 }
 
 TEST_CASE("the download rate is the running deployment's while it downloads, else 0") {
-  FakeEngine e;
+  FakeControl e;
   auto d = make_deployment("d1", "llama", deploy::State::running, deploy::Phase::downloading);
   d.progress.rate_bytes_per_s = 1.5e9;
   e.deployments = {d};
@@ -206,7 +206,7 @@ TEST_CASE("the download rate is the running deployment's while it downloads, els
 }
 
 TEST_CASE("the model watcher's events count no deployment, phase or byte") {
-  FakeEngine e;
+  FakeControl e;
   MetricsCollector c(e);
   deploy::Event w;
   w.kind = deploy::EventKind::watcher;
@@ -219,7 +219,7 @@ TEST_CASE("the model watcher's events count no deployment, phase or byte") {
 }
 
 TEST_CASE("configuration reloads are counted by result with the last one's outcome") {
-  FakeEngine e;
+  FakeControl e;
   MetricsCollector c(e);
   CHECK(sample(c.text(), "modeld_config_last_reload_successful") == 1);
   c.reloaded(true);
@@ -231,7 +231,7 @@ TEST_CASE("configuration reloads are counted by result with the last one's outco
 }
 
 TEST_CASE("every family of a full exposition is declared once before its samples") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"llama", "abc", "modeld-serve@llama.service", 8000, "x"};
   deploy::WatchdogStatus w;
   w.model = "llama";
@@ -277,7 +277,7 @@ std::pair<int, std::string> promtool_check(const std::string& text) {
 }  // namespace
 
 TEST_CASE("promtool accepts the exposition of several services, each watched, one active") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"kimi-k2-5", "def", "modeld-serve@kimi-k2-5.service", 8001, "x"};
   deploy::WatchdogStatus w;
   w.model = "llama";
@@ -528,7 +528,7 @@ deploy::Deployment switched(const std::string& id, const std::string& model, dou
 }  // namespace
 
 TEST_CASE("switch downtimes start from the history: the newest per model, and every one in the histogram") {
-  FakeEngine e;
+  FakeControl e;
   // Newest first, as the history is.
   e.deployments = {switched("d4", "kimi-k2-5", 700), switched("d3", "llama", 12), switched("d2", "llama", -1),
                    switched("d1", "llama", 40)};
@@ -550,7 +550,7 @@ TEST_CASE("switch downtimes start from the history: the newest per model, and ev
 }
 
 TEST_CASE("a deployment that ends with a switch updates the model's gauge and the histogram, one without does not") {
-  FakeEngine e;
+  FakeControl e;
   MetricsCollector c(e);
   CHECK(c.text().find("modeld_switch_downtime_seconds{") == std::string::npos);
   CHECK(sample(c.text(), "modeld_switch_downtimes_seconds_count") == 0);

@@ -1,9 +1,9 @@
-// The plan, verify and rm routes, answered by handle_async() against a fake engine on an
+// The plan, verify and rm routes, answered by handle_async() against a fake deploy::Control on an
 // io_context, without sockets.
 
 #include "control/hub_reads.hpp"
 #include "control/routes.hpp"
-#include "unit/control/fake_engine.hpp"
+#include "unit/control/fake_control.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
@@ -14,7 +14,7 @@
 
 using namespace modeld;
 using namespace modeld::control;
-using control::test::FakeEngine;
+using control::test::FakeControl;
 using control::test::body_of;
 using control::test::require_error;
 using nlohmann::json;
@@ -32,7 +32,7 @@ Access members_only() {
   return a;
 }
 
-Response call(FakeEngine& e, std::string method, std::string target, const Peer& peer = member,
+Response call(FakeControl& e, std::string method, std::string target, const Peer& peer = member,
               std::string body = {}) {
   return control::test::answer(e, Request{std::move(method), std::move(target), std::move(body)}, peer,
                                members_only());
@@ -66,7 +66,7 @@ deploy::PlanReport sample_plan() {
 }  // namespace
 
 TEST_CASE("a plan is answered with every number, the evictions and whether rollback stays possible") {
-  FakeEngine e;
+  FakeControl e;
   e.plan_result = sample_plan();
   auto r = call(e, "GET", "/v1/models/llama/plan?allow_downtime=true", stranger);
   REQUIRE(r.status == 200);
@@ -89,14 +89,14 @@ TEST_CASE("a plan is answered with every number, the evictions and whether rollb
 }
 
 TEST_CASE("plan is a read route and defaults to no downtime") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "GET", "/v1/models/kimi-k2-5/plan", stranger);
   CHECK(r.status == 200);
   CHECK(e.asked == std::vector<std::string>{"plan kimi-k2-5 false"});
 }
 
 TEST_CASE("plan of an unknown or invalid model name is 404 unknown_model") {
-  FakeEngine e;
+  FakeControl e;
   require_error(call(e, "GET", "/v1/models/nope/plan"), 404, "unknown_model");
   require_error(call(e, "GET", "/v1/models/..%2Fetc/plan"), 404, "not_found");
   require_error(call(e, "GET", "/v1/models/UPPER/plan"), 404, "unknown_model");
@@ -104,21 +104,21 @@ TEST_CASE("plan of an unknown or invalid model name is 404 unknown_model") {
 }
 
 TEST_CASE("a plan the Hub cannot answer is an error naming the Hub's code") {
-  FakeEngine e;
+  FakeControl e;
   e.plan_result = make_error(Errc::hub_unavailable, "listing meta/llama at main: 503 after 4 tries");
   auto r = call(e, "GET", "/v1/models/llama/plan");
   require_error(r, 500, "hub_unavailable");
   CHECK(body_of(r)["error"]["message"] == "listing meta/llama at main: 503 after 4 tries");
 }
 
-TEST_CASE("a malformed allow_downtime is 400 and the engine is not asked") {
-  FakeEngine e;
+TEST_CASE("a malformed allow_downtime is 400 and the control is not asked") {
+  FakeControl e;
   require_error(call(e, "GET", "/v1/models/llama/plan?allow_downtime=maybe"), 400, "bad_request");
   CHECK(e.asked.empty());
 }
 
 TEST_CASE("the model routes answer 405 with Allow for other methods") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "POST", "/v1/models/llama/plan");
   CHECK(r.status == 405);
   CHECK(r.headers == std::vector<std::pair<std::string, std::string>>{{"Allow", "GET"}});
@@ -128,7 +128,7 @@ TEST_CASE("the model routes answer 405 with Allow for other methods") {
 }
 
 TEST_CASE("verify and rm are refused 403 to a peer that is neither root nor a member") {
-  FakeEngine e;
+  FakeControl e;
   require_error(call(e, "POST", "/v1/models/llama/verify", stranger), 403, "forbidden");
   require_error(call(e, "DELETE", "/v1/models/llama", stranger), 403, "forbidden");
   CHECK(e.asked.empty());
@@ -137,7 +137,7 @@ TEST_CASE("verify and rm are refused 403 to a peer that is neither root nor a me
 }
 
 TEST_CASE("a clean verify reports ok and an empty problem list") {
-  FakeEngine e;
+  FakeControl e;
   e.verify_result = deploy::VerifyReport{"llama", std::string(40, 'b'), 5, 1000, {}};
   auto j = body_of(call(e, "POST", "/v1/models/llama/verify"));
   CHECK(j == json{{"model", "llama"}, {"commit", std::string(40, 'b')}, {"files", 5}, {"bytes", 1000},
@@ -145,7 +145,7 @@ TEST_CASE("a clean verify reports ok and an empty problem list") {
 }
 
 TEST_CASE("verify lists each problem with its file, tensor and code") {
-  FakeEngine e;
+  FakeControl e;
   deploy::VerifyReport rep{"llama", "c", 2, 10, {}};
   rep.problems.push_back({"checksum_mismatch", "model-00001.safetensors", "", "model-00001.safetensors: sha256 ..."});
   rep.problems.push_back({"checkpoint_incomplete", "model-00002.safetensors", "w.2",
@@ -162,10 +162,10 @@ TEST_CASE("verify lists each problem with its file, tensor and code") {
   CHECK(j["problems"][1]["tensor"] == "w.2");
 }
 
-// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// Only the route's mapping of the error (planted in FakeControl) to 409 and its code; the real rule is
 // tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "verify, and rm of the model deployed, during a deployment are refused as deployment_running".
 TEST_CASE("verify while a deployment runs is 409 deployment_running, and of a model not on disk 404") {
-  FakeEngine e;
+  FakeControl e;
   e.verify_result = make_error(Errc::deployment_running, "deployment d1 of llama is running");
   require_error(call(e, "POST", "/v1/models/llama/verify"), 409, "deployment_running");
   e.verify_result = make_error(Errc::not_found, "model llama has no verified revision on disk");
@@ -174,7 +174,7 @@ TEST_CASE("verify while a deployment runs is 409 deployment_running, and of a mo
 }
 
 TEST_CASE("rm answers what it deleted") {
-  FakeEngine e;
+  FakeControl e;
   e.remove_result = deploy::Removal{"llama", 4096, {"c1", "c2"}};
   auto r = call(e, "DELETE", "/v1/models/llama");
   REQUIRE(r.status == 200);
@@ -182,27 +182,27 @@ TEST_CASE("rm answers what it deleted") {
   CHECK(e.asked == std::vector<std::string>{"remove llama"});
 }
 
-// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// Only the route's mapping of the error (planted in FakeControl) to 409 and its code; the real rule is
 // tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "rm of the model in service is refused as model_active and deletes nothing".
 TEST_CASE("rm of the active model is 409 model_active naming it") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"llama", "abc", "modeld-serve@llama.service", 8000, "2026-11-29T19:00:00Z"};
   auto r = call(e, "DELETE", "/v1/models/llama");
   require_error(r, 409, "model_active");
   CHECK(body_of(r)["error"]["message"].get<std::string>().find("llama") != std::string::npos);
 }
 
-// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// Only the route's mapping of the error (planted in FakeControl) to 409 and its code; the real rule is
 // tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "verify, and rm of the model deployed, during a deployment are refused as deployment_running".
 TEST_CASE("rm of a model a running deployment uses is 409 deployment_running, of an unknown one 404") {
-  FakeEngine e;
+  FakeControl e;
   e.remove_result = make_error(Errc::deployment_running, "deployment d1 of llama is running");
   require_error(call(e, "DELETE", "/v1/models/llama"), 409, "deployment_running");
   require_error(call(e, "DELETE", "/v1/models/ghost"), 404, "unknown_model");
 }
 
 TEST_CASE("a pull starts a record of kind pull and answers 202 with it") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "POST", "/v1/models/llama/pull");
   REQUIRE(r.status == 202);
   CHECK(body_of(r)["kind"] == "pull");
@@ -213,7 +213,7 @@ TEST_CASE("a pull starts a record of kind pull and answers 202 with it") {
 }
 
 TEST_CASE("a pull of a commit passes it on, and a body that is not {commit} is 400") {
-  FakeEngine e;
+  FakeControl e;
   const std::string c(40, 'b');
   auto r = call(e, "POST", "/v1/models/llama/pull", member, R"({"commit": ")" + c + R"("})");
   REQUIRE(r.status == 202);
@@ -226,7 +226,7 @@ TEST_CASE("a pull of a commit passes it on, and a body that is not {commit} is 4
 }
 
 TEST_CASE("a plan of a commit passes it on and answers already_serving, a bad commit is 400") {
-  FakeEngine e;
+  FakeControl e;
   e.plan_result = sample_plan();
   e.plan_result->already_serving = true;
   const std::string c(40, 'c');
@@ -239,7 +239,7 @@ TEST_CASE("a plan of a commit passes it on and answers already_serving, a bad co
 }
 
 TEST_CASE("a pull is refused 403 to a stranger, 404 for an unknown model, 405 for GET, 409 while a record runs") {
-  FakeEngine e;
+  FakeControl e;
   require_error(call(e, "POST", "/v1/models/llama/pull", stranger), 403, "forbidden");
   CHECK(e.starts == 0);
   CHECK(call(e, "POST", "/v1/models/llama/pull", root).status == 202);
@@ -251,8 +251,8 @@ TEST_CASE("a pull is refused 403 to a stranger, 404 for an unknown model, 405 fo
   require_error(call(e, "POST", "/v1/models/kimi-k2-5/pull"), 409, "deployment_running");
 }
 
-TEST_CASE("a stop asks the engine to stop that model and answers 202 with the record of kind stop") {
-  FakeEngine e;
+TEST_CASE("a stop asks the control to stop that model and answers 202 with the record of kind stop") {
+  FakeControl e;
   auto r = call(e, "POST", "/v1/models/llama/stop");
   REQUIRE(r.status == 202);
   const auto j = body_of(r);
@@ -260,11 +260,11 @@ TEST_CASE("a stop asks the engine to stop that model and answers 202 with the re
   CHECK(j["model"] == "llama");
   CHECK(j["id"] == "stop-llama");
   CHECK(e.stops == std::vector<std::string>{"llama"});
-  CHECK(e.starts == 0);  // a stop is no deployment the engine starts
+  CHECK(e.starts == 0);  // a stop is no deployment the control starts
 }
 
 TEST_CASE("a stop is refused 403 to a stranger, 404 for an unknown model, 405 for GET, 409 while a record runs") {
-  FakeEngine e;
+  FakeControl e;
   require_error(call(e, "POST", "/v1/models/llama/stop", stranger), 403, "forbidden");
   CHECK(e.stops.empty());
   auto get = call(e, "GET", "/v1/models/llama/stop");
@@ -273,7 +273,7 @@ TEST_CASE("a stop is refused 403 to a stranger, 404 for an unknown model, 405 fo
   CHECK(e.stops.empty());
   require_error(call(e, "POST", "/v1/models/ghost/stop"), 404, "unknown_model");
   CHECK(call(e, "POST", "/v1/models/llama/stop", root).status == 202);
-  // The stop runs: another stop is refused as a deploy would be. The 409 here is FakeEngine's; the
+  // The stop runs: another stop is refused as a deploy would be. The 409 here is FakeControl's; the
   // real rule is tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "a stop
   // while a deployment runs is refused as deployment_running even for a model not in service" and
   // "a deploy or a pull or a stop or a verify while a stop runs is refused as deployment_running".
@@ -282,7 +282,7 @@ TEST_CASE("a stop is refused 403 to a stranger, 404 for an unknown model, 405 fo
 }
 
 TEST_CASE("rm with ?commit= removes that revision, refuses the one in service and a malformed commit") {
-  FakeEngine e;
+  FakeControl e;
   const std::string c(40, 'c');
   e.remove_result = deploy::Removal{"llama", 10, {c}};
   auto r = call(e, "DELETE", "/v1/models/llama?commit=" + c);
@@ -296,7 +296,7 @@ TEST_CASE("rm with ?commit= removes that revision, refuses the one in service an
 }
 
 TEST_CASE("a misspelt or repeated query parameter on a route that changes something is 400 naming it, and nothing is done") {
-  FakeEngine e;
+  FakeControl e;
   const std::string c(40, 'c');
   e.remove_result = deploy::Removal{"llama", 10, {c}};
   auto misspelt = call(e, "DELETE", "/v1/models/llama?comit=" + c);
@@ -325,7 +325,7 @@ TEST_CASE("a misspelt or repeated query parameter on a route that changes someth
 }
 
 TEST_CASE("a stop's body is empty or {}: a field there is 400 naming it and no stop starts") {
-  FakeEngine e;
+  FakeControl e;
   e.known = {"llama"};
   auto r = call(e, "POST", "/v1/models/llama/stop", member, R"({"force": true})");
   require_error(r, 400, "bad_request");
@@ -337,7 +337,7 @@ TEST_CASE("a stop's body is empty or {}: a field there is 400 naming it and no s
 }
 
 TEST_CASE("handle_async answers the other routes as handle does") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "GET", "/v1/status");
   CHECK(r.status == 200);
   CHECK(body_of(r)["daemon"]["version"] == MODELD_VERSION);
@@ -347,7 +347,7 @@ TEST_CASE("handle_async answers the other routes as handle does") {
 
 TEST_CASE("plans in progress are bounded per user and in all, with a reserve for root and the group") {
   boost::asio::io_context io;
-  FakeEngine e;
+  FakeControl e;
   e.plan_result = sample_plan();
   e.plan_gate = std::make_shared<boost::asio::steady_timer>(io, std::chrono::hours(1));
   HubReads reads(HubReadLimits{2, 3, 1});

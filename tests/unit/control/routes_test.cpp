@@ -1,15 +1,15 @@
-// The control API's routes, answered by handle() (through handle_async) against a fake engine,
+// The control API's routes, answered by handle() (through handle_async) against a fake deploy::Control,
 // without sockets.
 
 #include "control/routes.hpp"
-#include "unit/control/fake_engine.hpp"
+#include "unit/control/fake_control.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 using namespace modeld;
 using namespace modeld::control;
-using control::test::FakeEngine;
+using control::test::FakeControl;
 using control::test::body_of;
 using control::test::make_deployment;
 using control::test::require_error;
@@ -36,7 +36,7 @@ struct Members {
 };
 
 // Answers through handle_async(), which answers what handle() does and GET /v1/models.
-Response call(FakeEngine& e, std::string method, std::string target, std::string body = {},
+Response call(FakeControl& e, std::string method, std::string target, std::string body = {},
               const Peer& peer = member) {
   Members m;
   return control::test::answer(e, Request{std::move(method), std::move(target), std::move(body)}, peer, m.access());
@@ -45,7 +45,7 @@ Response call(FakeEngine& e, std::string method, std::string target, std::string
 }  // namespace
 
 TEST_CASE("status reports the daemon and nulls when nothing is active or was deployed") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "GET", "/v1/status");
   REQUIRE(r.status == 200);
   auto j = body_of(r);
@@ -78,7 +78,7 @@ deploy::WatchdogStatus restarted_watchdog(std::string model) {
 }  // namespace
 
 TEST_CASE("status shows the active model's watchdog with its counters and last restart") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"llama", "abc123", "modeld-serve@llama.service", 8000, "2026-11-29T19:00:00Z"};
   e.watched = {restarted_watchdog("llama"), restarted_watchdog("kimi-k2-5")};
   auto w = body_of(call(e, "GET", "/v1/status"))["watchdog"];
@@ -124,7 +124,7 @@ deploy::ServiceInfo service(std::string model, std::uint16_t port, std::optional
 }  // namespace
 
 TEST_CASE("status lists every service in the order put into service, with its GPUs and its watchdog") {
-  FakeEngine e;
+  FakeControl e;
   e.in_service = {service("llama", 8000, std::vector<unsigned>{0, 1, 2, 3}), service("kimi-k2-5", 8001, std::nullopt),
                   service("embed", 8002, std::vector<unsigned>{})};
   e.in_service[0].watchdog = restarted_watchdog("llama");
@@ -151,7 +151,7 @@ TEST_CASE("status lists every service in the order put into service, with its GP
 }
 
 TEST_CASE("the top-level watchdog is the active model's, whichever model the watcher probed last") {
-  FakeEngine e;
+  FakeControl e;
   e.in_service = {service("llama", 8000, std::nullopt), service("kimi-k2-5", 8001, std::nullopt)};
   auto active_one = restarted_watchdog("kimi-k2-5");
   active_one.state = "watching";
@@ -165,7 +165,7 @@ TEST_CASE("the top-level watchdog is the active model's, whichever model the wat
 }
 
 TEST_CASE("status reports the active model and the current deployment") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"llama", "abc123", "modeld-serve@llama.service", 8000,
                                   "2026-11-29T19:00:00Z"};
   e.deployments.push_back(make_deployment("d1", "kimi-k2-5", deploy::State::running,
@@ -180,7 +180,7 @@ TEST_CASE("status reports the active model and the current deployment") {
 }
 
 TEST_CASE("models lists every configured model with the contract's fields") {
-  FakeEngine e;
+  FakeControl e;
   deploy::ModelInfo m;
   m.name = "llama";
   m.repo = "meta/llama";
@@ -202,7 +202,7 @@ TEST_CASE("models lists every configured model with the contract's fields") {
 }
 
 TEST_CASE("models lists each model's revisions on disk with their state and marks") {
-  FakeEngine e;
+  FakeControl e;
   deploy::ModelInfo m;
   m.name = "llama";
   m.state = "verified";
@@ -215,7 +215,7 @@ TEST_CASE("models lists each model's revisions on disk with their state and mark
 }
 
 TEST_CASE("a deploy body's commit is passed on, and one that is not 40 lowercase hex digits is 400") {
-  FakeEngine e;
+  FakeControl e;
   const std::string c(40, 'e');
   auto r = call(e, "POST", "/v1/deployments", R"({"model": "llama", "commit": ")" + c + R"("})");
   REQUIRE(r.status == 202);
@@ -235,7 +235,7 @@ TEST_CASE("a deploy body's commit is passed on, and one that is not 40 lowercase
 }
 
 TEST_CASE("a member starts a deployment and gets 202 with the DEPLOYMENT") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "POST", "/v1/deployments", R"({"model": "llama", "allow_downtime": true})");
   REQUIRE(r.status == 202);
   auto j = body_of(r);
@@ -247,13 +247,13 @@ TEST_CASE("a member starts a deployment and gets 202 with the DEPLOYMENT") {
 }
 
 TEST_CASE("allow_downtime defaults to false") {
-  FakeEngine e;
+  FakeControl e;
   REQUIRE(call(e, "POST", "/v1/deployments", R"({"model": "llama"})").status == 202);
   CHECK_FALSE(e.deployments.at(0).allow_downtime);
 }
 
-TEST_CASE("restart reaches the engine, defaults to false and must be a boolean") {
-  FakeEngine e;
+TEST_CASE("restart reaches the control, defaults to false and must be a boolean") {
+  FakeControl e;
   REQUIRE(call(e, "POST", "/v1/deployments", R"({"model": "llama"})").status == 202);
   CHECK_FALSE(e.deployments.at(0).restart);
   e.deployments.clear();
@@ -265,15 +265,15 @@ TEST_CASE("restart reaches the engine, defaults to false and must be a boolean")
 }
 
 TEST_CASE("root may deploy without being asked about group membership") {
-  FakeEngine e;
+  FakeControl e;
   Members m;
   auto r = handle(Request{"POST", "/v1/deployments", R"({"model": "llama"})"}, root, e, m.access());
   CHECK(r.status == 202);
   CHECK(m.asked.empty());
 }
 
-TEST_CASE("a non-member is refused 403 forbidden on deploy and cancel, and the engine is not called") {
-  FakeEngine e;
+TEST_CASE("a non-member is refused 403 forbidden on deploy and cancel, and the control is not called") {
+  FakeControl e;
   e.deployments.push_back(make_deployment("d1", "llama", deploy::State::running));
   Members m;
   auto r = handle(Request{"POST", "/v1/deployments", R"({"model": "llama"})"}, stranger, e, m.access());
@@ -288,28 +288,28 @@ TEST_CASE("a non-member is refused 403 forbidden on deploy and cancel, and the e
 }
 
 TEST_CASE("a non-member may still read") {
-  FakeEngine e;
+  FakeControl e;
   CHECK(call(e, "GET", "/v1/status", "", stranger).status == 200);
   CHECK(call(e, "GET", "/v1/deployments", "", stranger).status == 200);
   CHECK(call(e, "GET", "/v1/models", "", stranger).status == 200);
 }
 
 TEST_CASE("deploying an unknown model is 404 unknown_model") {
-  FakeEngine e;
+  FakeControl e;
   require_error(call(e, "POST", "/v1/deployments", R"({"model": "nope"})"), 404, "unknown_model");
 }
 
-// Only the route's mapping of the error (planted in FakeEngine) to 409 and its code; the real rule is
+// Only the route's mapping of the error (planted in FakeControl) to 409 and its code; the real rule is
 // tested against the real Deployer in tests/unit/deploy/deployer_test.cpp: "a deploy while another deployment runs is refused as deployment_running naming it and its phase".
 TEST_CASE("deploying while one runs is 409 deployment_running") {
-  FakeEngine e;
+  FakeControl e;
   e.deployments.push_back(make_deployment("d1", "llama", deploy::State::running));
   require_error(call(e, "POST", "/v1/deployments", R"({"model": "kimi-k2-5"})"), 409,
                 "deployment_running");
 }
 
 TEST_CASE("malformed deploy bodies are 400 bad_request with a message naming the problem") {
-  FakeEngine e;
+  FakeControl e;
   struct Case {
     const char* body;
     const char* mentions;
@@ -331,7 +331,7 @@ TEST_CASE("malformed deploy bodies are 400 bad_request with a message naming the
 }
 
 TEST_CASE("the deployment history is newest first and honours ?limit=") {
-  FakeEngine e;
+  FakeControl e;
   e.deployments = {make_deployment("d3", "llama", deploy::State::running),
                    make_deployment("d2", "llama", deploy::State::failed),
                    make_deployment("d1", "llama", deploy::State::succeeded)};
@@ -349,7 +349,7 @@ TEST_CASE("the deployment history is newest first and honours ?limit=") {
 }
 
 TEST_CASE("one deployment is found by id, and an unknown id is 404 not_found") {
-  FakeEngine e;
+  FakeControl e;
   e.deployments = {make_deployment("20261129T193942Z-llama", "llama", deploy::State::succeeded)};
   auto r = call(e, "GET", "/v1/deployments/20261129T193942Z-llama");
   REQUIRE(r.status == 200);
@@ -358,7 +358,7 @@ TEST_CASE("one deployment is found by id, and an unknown id is 404 not_found") {
 }
 
 TEST_CASE("cancel answers 200 for a running deployment, 409 once ended, 404 when unknown") {
-  FakeEngine e;
+  FakeControl e;
   e.deployments = {make_deployment("d2", "llama", deploy::State::running),
                    make_deployment("d1", "llama", deploy::State::succeeded)};
   auto r = call(e, "POST", "/v1/deployments/d2/cancel");
@@ -370,7 +370,7 @@ TEST_CASE("cancel answers 200 for a running deployment, 409 once ended, 404 when
 }
 
 TEST_CASE("unknown routes are 404 not_found and known routes with another method 405") {
-  FakeEngine e;
+  FakeControl e;
   for (auto target : {"/", "/v2/status", "/v1/nothing", "/v1/deployments/d1/pause", "/metrics/x"}) {
     CAPTURE(target);
     require_error(call(e, "GET", target), 404, "not_found");
@@ -386,7 +386,7 @@ TEST_CASE("unknown routes are 404 not_found and known routes with another method
 }
 
 TEST_CASE("GET /v1/events asks the server for an event stream") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "GET", "/v1/events");
   CHECK(r.event_stream);
   CHECK(r.content_type == "text/event-stream");
@@ -428,7 +428,7 @@ TEST_CASE("typed events become the contract's SSE text, and watcher events none"
 }
 
 TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"llama", "ab\"c", "modeld-serve@llama.service", 8000, "x"};
   e.deployments = {make_deployment("d4", "llama", deploy::State::running),
                    make_deployment("d3", "llama", deploy::State::failed),
@@ -461,7 +461,7 @@ TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") 
 }
 
 TEST_CASE("metrics carry the watchdog's counters per model and the last benchmark of each model") {
-  FakeEngine e;
+  FakeControl e;
   e.active_model = deploy::Active{"llama", "abc", "modeld-serve@llama.service", 8000, "x"};
   auto older = restarted_watchdog("kimi-k2-5");
   older.last_probe_seconds.reset();
@@ -494,7 +494,7 @@ TEST_CASE("metrics carry the watchdog's counters per model and the last benchmar
 }
 
 TEST_CASE("metrics have one service info series per service and one active model info series") {
-  FakeEngine e;
+  FakeControl e;
   e.in_service = {service("llama", 8000, std::vector<unsigned>{0, 1, 2, 3}), service("kimi-k2-5", 8001, std::nullopt),
                   service("embed", 8002, std::vector<unsigned>{})};
   e.active_model = deploy::Active{"embed", e.in_service[2].commit, e.in_service[2].unit, 8002, "x"};
@@ -517,7 +517,7 @@ TEST_CASE("metrics have one service info series per service and one active model
 }
 
 TEST_CASE("metrics carry the watchdog series of every watched service, also one the watcher's list leaves out") {
-  FakeEngine e;
+  FakeControl e;
   e.in_service = {service("llama", 8000, std::nullopt), service("kimi-k2-5", 8001, std::nullopt)};
   e.in_service[0].watchdog = restarted_watchdog("llama");
   auto kimi = restarted_watchdog("kimi-k2-5");
@@ -534,14 +534,14 @@ TEST_CASE("metrics carry the watchdog series of every watched service, also one 
 }
 
 TEST_CASE("metrics leave out watchdog and benchmark families when there is nothing to report") {
-  FakeEngine e;
+  FakeControl e;
   const auto t = call(e, "GET", "/metrics").body;
   CHECK(t.find("modeld_watchdog_") == std::string::npos);
   CHECK(t.find("modeld_benchmark_") == std::string::npos);
 }
 
 TEST_CASE("metrics leave out the active model info and the service info when nothing serves") {
-  FakeEngine e;
+  FakeControl e;
   auto r = call(e, "GET", "/metrics");
   CHECK(r.body.find("modeld_active_model_info{") == std::string::npos);
   CHECK(r.body.find("modeld_service_info{") == std::string::npos);

@@ -3,7 +3,7 @@
 // io_context thread; the tests are plain blocking clients with deadlines.
 
 #include "control/server.hpp"
-#include "unit/control/fake_engine.hpp"
+#include "unit/control/fake_control.hpp"
 #include "util/cancel_tree.hpp"
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -31,7 +31,7 @@
 
 using namespace modeld;
 using namespace modeld::control;
-using control::test::FakeEngine;
+using control::test::FakeControl;
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -163,7 +163,7 @@ struct Fixture {
   fs::path socket = dir / "run" / "modeld" / "modeld.sock";
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
-  FakeEngine engine;
+  FakeControl control;
   std::atomic<uid_t> asked_uid{static_cast<uid_t>(-1)};
   Options options;
   std::unique_ptr<Server> server;
@@ -179,7 +179,7 @@ struct Fixture {
   }
 
   void start(asio::cancellation_slot stop_on = {}) {
-    server = std::make_unique<Server>(io.get_executor(), engine, options);
+    server = std::make_unique<Server>(io.get_executor(), control, options);
     auto listening = server->listen();
     INFO((listening ? std::string() : listening.error().message));
     REQUIRE(listening.has_value());
@@ -243,7 +243,7 @@ TEST_CASE("requests are answered over the socket, several on one kept-alive conn
   CHECK(f.connections() == 1);
 }
 
-TEST_CASE("an oversized body is refused 413 before the engine sees it") {
+TEST_CASE("an oversized body is refused 413 before the control sees it") {
   Fixture f;
   f.start();
   Client c(f.socket);
@@ -254,7 +254,7 @@ TEST_CASE("an oversized body is refused 413 before the engine sees it") {
   CHECK(a.json()["error"]["code"] == "bad_request");
   CHECK_THAT(a.json()["error"]["message"].get<std::string>(), Catch::Contains("65536"));
   CHECK(c.read_to_end());  // the connection ends after the refusal
-  CHECK(f.on_io([&] { return f.engine.starts; }) == 0);
+  CHECK(f.on_io([&] { return f.control.starts; }) == 0);
 }
 
 TEST_CASE("headers over 8 KiB are refused 431") {
@@ -344,10 +344,10 @@ TEST_CASE("a peer that is neither root nor a member is refused 403, judged by it
   CHECK(a->json()["error"]["code"] == "forbidden");
   CHECK_THAT(a->json()["error"]["message"].get<std::string>(), Catch::Contains("modeld-test"));
   CHECK(f.asked_uid == expected_uid);
-  CHECK(f.on_io([&] { return f.engine.starts; }) == 0);
+  CHECK(f.on_io([&] { return f.control.starts; }) == 0);
 }
 
-TEST_CASE("the event stream delivers an event the engine emits, and unsubscribes on disconnect") {
+TEST_CASE("the event stream delivers an event the control emits, and unsubscribes on disconnect") {
   Fixture f;
   f.start();
   Client c(f.socket);
@@ -355,7 +355,7 @@ TEST_CASE("the event stream delivers an event the engine emits, and unsubscribes
   REQUIRE(c.read_until([](const std::string& in) { return in.find("\r\n\r\n") != std::string::npos; }));
   CHECK(c.in.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
   CHECK_THAT(c.in, Catch::Contains("Content-Type: text/event-stream\r\n"));
-  CHECK(f.engine.listener_count == 1);
+  CHECK(f.control.listener_count == 1);
   c.in.erase(0, c.in.find("\r\n\r\n") + 4);
 
   f.on_io([&] {
@@ -364,14 +364,14 @@ TEST_CASE("the event stream delivers an event the engine emits, and unsubscribes
     e.id = "d1";
     e.model = "llama";
     e.phase = deploy::Phase::downloading;
-    f.engine.emit(e);
+    f.control.emit(e);
     return 0;
   });
   REQUIRE(c.read_until([](const std::string& in) { return in.find("\n\n") != std::string::npos; }));
   CHECK(c.in == "event: phase\ndata: {\"id\":\"d1\",\"model\":\"llama\",\"phase\":\"downloading\"}\n\n");
 
   c.close();
-  CHECK(eventually([&] { return f.engine.listener_count == 0; }));
+  CHECK(eventually([&] { return f.control.listener_count == 0; }));
   CHECK(eventually([&] { return f.connections() == 0; }));
 }
 
@@ -387,13 +387,13 @@ TEST_CASE("the event stream leaves the model watcher's events out") {
     w.kind = deploy::EventKind::watcher;
     w.model = "llama";
     w.watcher = deploy::WatchdogStatus{};
-    f.engine.emit(w);
+    f.control.emit(w);
     deploy::Event e;
     e.kind = deploy::EventKind::state;
     e.id = "d1";
     e.model = "llama";
     e.state = deploy::State::succeeded;
-    f.engine.emit(e);
+    f.control.emit(e);
     return 0;
   });
   REQUIRE(c.read_until([](const std::string& in) { return in.find("\n\n") != std::string::npos; }));
@@ -424,13 +424,13 @@ TEST_CASE("an event client that lags more than the limit is dropped") {
       deploy::Event e;
       e.kind = deploy::EventKind::progress;
       e.id = fmt::format("d{}", i);
-      f.engine.emit(e);
+      f.control.emit(e);
     }
     return 0;
   });
   CHECK(c.read_to_end());
   CHECK(c.in.find("event:") == std::string::npos);
-  CHECK(eventually([&] { return f.engine.listener_count == 0; }));
+  CHECK(eventually([&] { return f.control.listener_count == 0; }));
 }
 
 TEST_CASE("connections beyond the limit are answered 503 and closed at once") {
@@ -485,7 +485,7 @@ TEST_CASE("stop closes idle connections and event streams") {
   });
   CHECK(idle.read_to_end());
   CHECK(events.read_to_end());
-  CHECK(eventually([&] { return f.engine.listener_count == 0; }));
+  CHECK(eventually([&] { return f.control.listener_count == 0; }));
 }
 
 TEST_CASE("an emit of the cancellation tree the server was started on stops it as stop() does") {
@@ -501,7 +501,7 @@ TEST_CASE("an emit of the cancellation tree the server was started on stops it a
   });
   CHECK(idle.read_to_end());
   CHECK(events.read_to_end());
-  CHECK(eventually([&] { return f.engine.listener_count == 0; }));
+  CHECK(eventually([&] { return f.control.listener_count == 0; }));
   CHECK(connect_to(f.socket) < 0);  // nothing accepts any more
 }
 
@@ -523,7 +523,7 @@ TEST_CASE("a stale socket file is replaced, but one that answers is left alone")
   CHECK(read_answer(c).status == 200);
 
   asio::io_context other_io;
-  FakeEngine other_engine;
+  FakeControl other_engine;
   Server other(other_io.get_executor(), other_engine, f.options);
   auto r = other.listen();
   REQUIRE_FALSE(r.has_value());
@@ -536,7 +536,7 @@ TEST_CASE("a file that is not a socket is not removed") {
   Fixture f;
   fs::create_directories(f.socket.parent_path());
   { std::ofstream(f.socket) << "precious"; }
-  Server s(f.io.get_executor(), f.engine, f.options);
+  Server s(f.io.get_executor(), f.control, f.options);
   auto r = s.listen();
   REQUIRE_FALSE(r.has_value());
   CHECK_THAT(r.error().message, Catch::Contains("not a socket"));
@@ -552,7 +552,7 @@ TEST_CASE("an adopted listening socket is served") {
   std::strncpy(addr.sun_path, f.socket.c_str(), sizeof addr.sun_path - 1);
   REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
   REQUIRE(::listen(fd, 16) == 0);
-  f.server = std::make_unique<Server>(f.io.get_executor(), f.engine, f.options);
+  f.server = std::make_unique<Server>(f.io.get_executor(), f.control, f.options);
   REQUIRE(f.server->adopt(fd).has_value());
   f.server->start();
   f.thread = std::thread([&] { f.io.run(); });
@@ -564,7 +564,7 @@ TEST_CASE("an adopted listening socket is served") {
 TEST_CASE("adopting something that is not a listening socket is an error") {
   Fixture f;
   int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  Server s(f.io.get_executor(), f.engine, f.options);
+  Server s(f.io.get_executor(), f.control, f.options);
   auto r = s.adopt(fd);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code == Errc::io_error);

@@ -161,7 +161,7 @@ enum class EventKind { phase, progress, state, watcher };
 /// The SSE event name of `k`: "phase", "progress", "state" or "watcher".
 std::string_view to_string(EventKind k) noexcept;
 
-/// One event of the engine, as fields; JSON is made only where it leaves the daemon (event_json).
+/// One event of the Deployer, as fields; JSON is made only where it leaves the daemon (event_json).
 struct Event {
   EventKind kind = EventKind::phase;
   std::string id;     ///< the deployment's id; empty for watcher events
@@ -198,11 +198,11 @@ struct DeployRequest {
   std::optional<std::string> commit;  ///< "commit": exactly this commit (40 lowercase hex), not the branch
 };
 
-/// What the control plane may ask of the deployment engine. All calls happen on the
-/// io_context thread.
-class Engine {
+/// What the control plane may ask of the Deployer; all calls happen on the io_context thread
+/// (named Control, not Engine: in modeld "engine" means the inference server, vLLM or SGLang).
+class Control {
  public:
-  virtual ~Engine() = default;
+  virtual ~Control() = default;
   /// The model in service, if any: of several, the one put into service last.
   virtual std::optional<Active> active() const = 0;
   /// Every service in service, in the order they were put into service (the last is active()).
@@ -224,7 +224,7 @@ class Engine {
   /// Requests cancellation; not_found, deployment_ended.
   virtual Result<Deployment> cancel(const std::string& id) = 0;
   /// Configured models with their on-disk state; the store walk runs off the event loop (an
-  /// engine answers without waiting behind its own disk work: see Deployer::models).
+  /// Deployer answers without waiting behind its own disk work: see Deployer::models).
   virtual boost::asio::awaitable<std::vector<ModelInfo>> models() = 0;
   /// Dry run of planning and freeing_disk for `model` at `commit` (nullopt: its configured
   /// revision): lists the Hub, changes nothing on disk, and says whether deploying it would change

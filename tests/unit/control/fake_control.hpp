@@ -1,8 +1,8 @@
 #pragma once
-// A deploy::Engine that keeps everything in memory, for the control plane's tests.
+// A deploy::Control that keeps everything in memory, for the control plane's tests.
 
 #include "control/routes.hpp"
-#include "deploy/engine.hpp"
+#include "deploy/control.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -35,7 +35,7 @@ inline deploy::Deployment make_deployment(std::string id, std::string model, dep
   return d;
 }
 
-class FakeEngine : public deploy::Engine {
+class FakeControl : public deploy::Control {
  public:
   std::optional<deploy::Active> active_model;
   std::vector<deploy::Deployment> deployments;  // newest first
@@ -163,7 +163,7 @@ class FakeEngine : public deploy::Engine {
 };
 
 /// Answers `request` for `peer` through handle_async() on an io_context of its own.
-inline Response answer(FakeEngine& e, Request request, const Peer& peer, const Access& access) {
+inline Response answer(FakeControl& e, Request request, const Peer& peer, const Access& access) {
   boost::asio::io_context io;
   std::optional<Response> out;
   boost::asio::co_spawn(io, handle_async(std::move(request), peer, e, access), [&](std::exception_ptr ex, Response r) {
