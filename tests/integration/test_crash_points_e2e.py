@@ -5,6 +5,8 @@ revisions removed, one deployment in the history. The points: commit_chosen (pla
 the commit, the revision folder not made yet), order_decided (planning's result recorded),
 old_stopped_recorded (stopping_old recorded that the old model may go, StopUnit not sent yet) and
 cleanup_begun (the new model serves, the cleanup of older revisions recorded and not started).
+One more point, end_recorded, lies between a record saved as ended and its terminal journal line:
+the next start writes that line, once, saying it was logged late.
 
 modeld.service restarts on failure after RestartSec=, still with MODELD_CRASH_POINT set: the test
 waits for the crash line, then rewrites the test drop-in without the variable and restarts modeld
@@ -19,6 +21,7 @@ import pytest
 from contract_helpers import ended, journal_mark, link_target, push, start_deploy, wait_line
 from modeld_env import ModeldEnv, free_port, model_table
 from nsystemd import unsupported_reason
+from waiting import wait_for
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=unsupported_reason() or "")
 
@@ -73,3 +76,34 @@ def test_a_crash_after_a_decision_resumes_to_the_end_of_an_uninterrupted_run(env
     after = history_ids(env)
     assert after.count(dep_id) == 1 and after[0] == dep_id, after
     assert after[1:] == before, (before, after)
+
+
+def terminal_lines(env: ModeldEnv, dep_id: str, since: int) -> list[str]:
+    """The messages of modeld's terminal journal lines for `dep_id` since `since`."""
+    return [e["MESSAGE"] for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")
+            if int(e["__REALTIME_TIMESTAMP"]) >= since
+            and e.get("MESSAGE", "").startswith(f"deployment {dep_id} succeeded")]
+
+
+def test_a_kill_between_an_ended_record_and_its_journal_line_logs_the_line_at_the_next_start(env):
+    # end_recorded: the record is saved as succeeded, its terminal journal line not written yet.
+    base = {k: v for k, v in env.environment.items() if k != "MODELD_CRASH_POINT"}
+    env.reconfigure(environment={**base, "MODELD_CRASH_POINT": "end_recorded"})
+    new_commit = push(env, "acme/one", 200)
+    mark = journal_mark()
+    dep_id = start_deploy(env, "one")
+    wait_line(env, "crash point end_recorded reached", mark, timeout=60)
+    assert terminal_lines(env, dep_id, mark) == []  # killed before the line
+    env.reconfigure(environment=base)  # without the variable; restarts modeld
+
+    line = wait_line(env, "logged at modeld's start", mark, f"MODELD_DEPLOYMENT={dep_id}", timeout=60)
+    assert line["MESSAGE"].startswith(f"deployment {dep_id} succeeded: model one at {new_commit[:12]} serves"), line
+    dep = ended(env, dep_id)
+    assert dep["state"] == "succeeded" and dep["commit"] == new_commit, dep
+    assert "end_unlogged" not in dep, dep
+    assert env.status()["active"]["commit"] == new_commit
+    # The record on disk loses its mark once the line is written, so no later start logs it again.
+    record = env.state_dir / "deployments" / f"{dep_id}.json"
+    wait_for("the record's end_unlogged mark cleared on disk",
+             lambda: "end_unlogged" not in json.loads(record.read_text()), timeout=30)
+    assert len(terminal_lines(env, dep_id, mark)) == 1, terminal_lines(env, dep_id, mark)
