@@ -174,6 +174,11 @@ def test_a_cancel_while_the_old_model_is_stopping_brings_it_back(env):
     dep_id = json.loads(started.stdout)["id"]
     wait_for("the deployment to reach stopping_old",
              lambda: env.status()["deployment"]["phase"] == "stopping_old", timeout=60)
+    # The stop itself has begun (stopping_old first re-checks the files while the old model
+    # serves, and a cancel then is a plain cancel): the stubborn unit ignores SIGTERM and stays
+    # deactivating.
+    wait_for("the old unit to be stopping",
+             lambda: env.unit_state("modeld-serve@stubborn.service") == "deactivating", timeout=60)
     assert env.modelctl("cancel").returncode == 0
     wait_for("the deployment to end", lambda: env.status()["deployment"]["state"] != "running", timeout=120)
     dep = env.status()["deployment"]
