@@ -60,8 +60,8 @@ struct MetricCounters {
 };
 
 /// The Prometheus text exposition of GET /metrics with the deployment counts and switch
-/// downtimes taken from the Deployer's history and every other counter at 0 (the server answers with a MetricsCollector's
-/// counters instead).
+/// downtimes taken from the Deployer's history and every other counter at 0 (the server answers
+/// with a MetricsCollector's counters instead).
 std::string metrics_text(const deploy::Control& control);
 
 /// The Prometheus text exposition of GET /metrics (docs/interface.md "Added by this project"):

@@ -75,13 +75,20 @@ std::string_view noun_of(Kind k) {
   return "deployment";
 }
 
-sys::Fields Run::fields() const {
+namespace {
+
+// The journal fields of a line about record `d`: MODELD_DEPLOYMENT, MODELD_MODEL, MODELD_PHASE.
+sys::Fields record_fields(const Deployment& d) {
   sys::Fields f;
-  f.deployment = record.id;
-  f.model = record.model;
-  f.phase = std::string(to_string(record.phase));
+  f.deployment = d.id;
+  f.model = d.model;
+  f.phase = std::string(to_string(d.phase));
   return f;
 }
+
+}  // namespace
+
+sys::Fields Run::fields() const { return record_fields(record); }
 
 Deployer::Deployer(asio::io_context& io, Services services, StateStore& states)
     : Deployer(io, std::move(services), states, ModelWatcher::Options{}) {}
@@ -768,10 +775,7 @@ namespace {
 // The terminal journal line of ended record `d` (MODELD_STATE, its MESSAGE_ID); `port` is where a
 // deployment that succeeded serves (unknown: not named); `note` ends the message.
 void log_end(const Deployment& d, std::optional<unsigned> port, std::string_view note) {
-  sys::Fields f;
-  f.deployment = d.id;
-  f.model = d.model;
-  f.phase = std::string(to_string(d.phase));
+  sys::Fields f = record_fields(d);
   f.state = std::string(to_string(d.state));
   switch (d.state) {
     case State::succeeded: f.message_id = message_id::succeeded; break;

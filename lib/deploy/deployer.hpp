@@ -3,9 +3,9 @@
 // (steps.hpp) as one coroutine per deployment, applies each phase's result to the record and the
 // daemon's state, records every transition durably (written on the disk pool, awaited) before
 // the next step starts, rolls back when the new model fails after the old one was stopped, and
-// continues an unfinished deployment after a daemon restart. It is the deploy::Control the control plane
-// talks to. Everything here runs on the event loop and never blocks it: disk work (records,
-// state.json, store queries) goes to the disk pool.
+// continues an unfinished deployment after a daemon restart. It is the deploy::Control the
+// control plane talks to. Everything here runs on the event loop and never blocks it: disk work
+// (records, state.json, store queries) goes to the disk pool.
 
 #include "deploy/control.hpp"
 #include "deploy/phases.hpp"
