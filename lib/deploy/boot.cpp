@@ -1,7 +1,11 @@
 // Boot recovery (load, recover: adopting what runs, settling conflicts, starting what is down,
 // continuing an interrupted record) and configuration reload: members of the Deployer.
 #include "deploy/deployer.hpp"
-#include "deploy/running.hpp"
+#include "deploy/record_run.hpp"
+#include "deploy/phase_table.hpp"
+#include "deploy/launch.hpp"
+#include "deploy/maintenance.hpp"
+#include "deploy/stop_old.hpp"
 #include "deploy/preflight.hpp"
 #include "deploy/reconcile.hpp"
 #include "deploy/redeploy.hpp"
@@ -230,27 +234,14 @@ asio::awaitable<void> Deployer::recover_service(const ActiveRecord& a, const Res
   record_started(m->name, *installed);
 }
 
-std::optional<Step> Deployer::resume_step(const Deployment& d) {
-  if (d.kind == Kind::stop) return Step::stopping_old;  // stopping is idempotent; a stop never rolls back
-  if (d.phase == Phase::rolling_back) return std::nullopt;
-  // Cleanup began after the health check: the new model serves, only the cleanup is left to finish.
-  if (d.cleanup_begun && d.phase == Phase::health_checking) return Step::cleanup;
-  // Stopping is idempotent ("nothing to stop" once inactive), and a stop cut short by the
-  // restart must finish before the new server may take the port and the GPUs.
-  // (With stopping_old first, planning comes before it and re-reads what the later steps need.)
-  if (d.old_stopped && !d.downtime_first) return Step::stopping_old;
-  return Step::planning;
-}
-
 asio::awaitable<void> Deployer::continue_unfinished(Deployment& d) {
   const auto first = resume_step(d);
   sys::Fields f;
   f.deployment = d.id;
   f.model = d.model;
   f.phase = std::string(to_string(d.phase));
-  const std::string from = !first ? std::string("rolling_back")
-                                  : *first == Step::cleanup ? "health_checking (the cleanup of older revisions)"
-                                                            : std::string(to_string(*first));
+  const std::string from = first == Step::cleanup ? "health_checking (the cleanup of older revisions)"
+                                                  : std::string(to_string(first));
   sys::logf(sys::Level::notice, f, "continuing deployment {} of {} interrupted in phase {}, from phase {}", d.id,
             d.model, to_string(d.phase), from);
   std::erase_if(history_, [&](const Deployment& h) { return h.id == d.id; });
@@ -285,11 +276,11 @@ void Deployer::reconfigure(std::shared_ptr<const config::Config> config) {
             fresh.models.size(), list(added), list(removed), list(changed));
 
   if (running_) {
-    sys::Fields f = running_->run->fields();
+    sys::Fields f = running_->fields();
     sys::logf(sys::Level::notice, f,
               "deployment {} of {} continues with the configuration it started with; the reloaded one applies "
               "to later deployments",
-              running_->record.id, running_->record.model);
+              running_->record().id, running_->record().model);
   }
   if (shutting_down_) return;
   for (const auto& a : state_.active.services) reconfigure_service(a.model, *old);

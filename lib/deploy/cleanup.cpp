@@ -1,6 +1,6 @@
 // cleanup: after health_checking, the model's older revisions go (the API still shows
 // health_checking). The driver records that it began before calling it, so a restart finishes it.
-#include "deploy/phases.hpp"
+#include "deploy/cleanup.hpp"
 
 #include "store/store.hpp"
 #include "util/on_pool.hpp"

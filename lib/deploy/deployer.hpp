@@ -1,14 +1,13 @@
 #pragma once
-// The deployment state machine and the one owner of a deployment: runs the steps of its plan
-// (steps.hpp) as one coroutine per deployment, applies each phase's result to the record and the
-// daemon's state, records every transition durably (written on the disk pool, awaited) before
-// the next step starts, rolls back when the new model fails after the old one was stopped, and
-// continues an unfinished deployment after a daemon restart. It is the deploy::Control the
-// control plane talks to. Everything here runs on the event loop and never blocks it: disk work
+// The owner of the daemon's state, the history and the one record that runs: starts a
+// deployment, a pull or a stop as a RecordRun (record_run.hpp: it walks the plan through the phase
+// table, applies each phase's result, records every transition durably before the next step
+// starts, rolls back, ends the record) and answers it as its RunSink; continues an unfinished
+// record after a daemon restart (boot.cpp). It is the deploy::Control the control plane talks to. Everything here runs on the event loop and never blocks it: disk work
 // (records, state.json, store queries) goes to the disk pool.
 
 #include "deploy/control.hpp"
-#include "deploy/phases.hpp"
+#include "deploy/phase.hpp"
 #include "deploy/state_store.hpp"
 #include "deploy/steps.hpp"
 #include "deploy/model_watcher.hpp"
@@ -27,6 +26,8 @@
 #include <set>
 
 namespace modeld::deploy {
+
+class RecordRun;
 
 /// MESSAGE_IDs of catalogued journal events (packaging/modeld.catalog explains them).
 namespace message_id {
@@ -111,70 +112,18 @@ class Deployer final : public Control {
   std::vector<WatchdogStatus> watchdogs() const override;
 
  private:
-  struct Running;
-  class RunDecisions;
-  // Runs deployment `r` from step `first` (nullopt: it rolls back) to its end.
-  boost::asio::awaitable<void> drive(std::shared_ptr<Running> r, std::optional<Step> first);
-  // Runs the plan's steps from `first`: nullopt when the deployment succeeded (a cancel once the
-  // new model serves only skips the benchmark), else why it stopped. Sets Running::interrupted
-  // when a shutdown cut it short.
-  boost::asio::awaitable<std::optional<Error>> run_steps(Running& r, Step first);
-  // Records step `s` (its phase, or cleanup_begun), runs its phase and applies its result.
-  boost::asio::awaitable<Result<void>> run_step(Running& r, Step s);
-  // stopping_old, launching and health_checking: run_step's part for the switch.
-  boost::asio::awaitable<Result<void>> run_switch_step(Running& r, Step s);
-  // Enters step `s`: its phase recorded and announced, or for cleanup cleanup_begun recorded.
-  boost::asio::awaitable<void> enter_step(Running& r, Step s);
-  // Applies what planning found (and the plan it decided) to the run and the record.
-  boost::asio::awaitable<void> apply_planned(Running& r, Planned& p);
-  // Applies freeing_disk's evictions to the daemon's state (the active model may have gone).
-  boost::asio::awaitable<void> apply_freed(Running& r, const Freed& f);
-  // stopping_old's end: when nothing of the old service was left, recorded and persisted.
-  boost::asio::awaitable<void> apply_stopped(Running& r, const Stopped& stopped);
-  // A service was asked to start at `start_requested_ns` and, with `ready`, was ready: the switch's
-  // marks recorded and persisted; once ready, its report computed and its journal line written.
-  boost::asio::awaitable<void> apply_started(Running& r, std::int64_t start_requested_ns,
-                                             const std::optional<Readiness>& ready);
-  // The new model serves: recorded in the daemon's state (before cleanup and the benchmark).
-  boost::asio::awaitable<void> apply_healthy(Running& r);
-  /// Warming's figures (`warmed`) or launching's measure of the page cache (`resident_at_launch`)
-  /// into record.warm, persisted.
-  boost::asio::awaitable<void> apply_warm(Running& r, const std::optional<WarmReport>& warmed,
-                                          std::optional<std::uint64_t> resident_at_launch);
-  // After `failure`: ends the deployment and returns false, or returns true when it rolls back.
-  boost::asio::awaitable<bool> must_roll_back(Running& r, const Error& failure);
-  // rolling_back, not cancellable, then the end of the deployment.
-  boost::asio::awaitable<void> roll_back(Running& r);
-  // Whether the daemon's state says that deployment `d`'s model at its commit serves (never for
-  // a restart of a commit that served when it started).
-  bool serves_new(const Deployment& d) const;
+  class Sink;
   // Whether the daemon's state has `model` in service at `commit`.
   bool in_service(const std::string& model, const std::optional<std::string>& commit) const;
-  // Whether revision `commit` of `model` is marked as pulled ahead.
-  bool is_pulled(const std::string& model, const std::string& commit) const;
-  // Writes state.json on the disk pool (awaited), logging (not failing) when it cannot.
-  boost::asio::awaitable<void> save_state(Running& r);
+  // Writes state.json on the disk pool (awaited), logging under `f` (not failing) when it cannot.
   boost::asio::awaitable<void> save_state(const sys::Fields& f);
   // The service of `model`, in service, was started with `settings` (nullopt: unknown):
   // recorded in state.json (written in the background).
   void record_started(const std::string& model, const std::optional<StartedSettings>& settings);
-  // After planning: whether the deployment's model already serves its commit with the same
-  // started settings and is ready (then the record says changed: false, persisted); logs why it
-  // restarts the model otherwise (settings changed, restart requested, not ready).
-  boost::asio::awaitable<bool> already_serves(Running& r);
   // The no-op rule for deployment `d` (a deploy of run.model at d.commit), which both a deployment
   // and a plan decide with: nullopt when it would change nothing, else why not ("" when the model
   // does not serve that commit at all). Probes the serving model once.
   boost::asio::awaitable<std::optional<std::string>> why_not_noop(const Deployment& d, const Run& run);
-  // The journal line "nothing to do" of each step of the plan from index `next` on.
-  void log_nothing_to_do(const Running& r, std::size_t next) const;
-  // A pull succeeded: its commit recorded as pulled in the daemon's state (unless it serves).
-  boost::asio::awaitable<void> apply_pulled(Running& r);
-  // Drops the pulled mark of `model` at `commit` (every commit: nullopt) from the daemon's
-  // state, not saved; returns whether there was one.
-  bool forget_pulled(const std::string& model, const std::optional<std::string>& commit);
-  // The step an interrupted deployment continues from; nullopt: it rolls back.
-  static std::optional<Step> resume_step(const Deployment& d);
   // At start: each model service that runs without a line in the state is adopted or reported;
   // the state is saved when that changed it or it came from a fallback.
   // Models in `skip` belong to an interrupted deployment.
@@ -199,14 +148,10 @@ class Deployer final : public Control {
   std::optional<Error> refuse_while_recovering() const;
   // A new record of `kind` for `model`, not started.
   Deployment new_record(const std::string& model, Kind kind) const;
-  // Takes `model` out of service in the daemon's state (a stop decided), persisted (awaited).
-  boost::asio::awaitable<void> take_out_of_service(Running& r);
   // At start: continues the interrupted deployment `d` (or fails it when its model went).
   boost::asio::awaitable<void> continue_unfinished(Deployment& d);
-  void begin(Deployment d, std::optional<Step> first);
-  // Ends the deployment: the record written (awaited) before it shows ended, listeners told.
-  // Arguments by reference: GCC 12 destroys class temporaries passed to a coroutine twice.
-  boost::asio::awaitable<void> finish(Running& r, State state, const std::optional<Error>& error);
+  // Makes record `d` the running one and starts its run from step `first` (RecordRun::start).
+  void begin(Deployment d, Step first);
   /// Writes the terminal journal line of every ended record that modeld was killed before logging
   /// (end_unlogged), noting so, and persists it logged (awaited); recover() calls it first.
   boost::asio::awaitable<void> log_unlogged_ends();
@@ -218,6 +163,7 @@ class Deployer final : public Control {
   void emit(EventKind kind, const Deployment& d);
   // Calls every listener with `e`.
   void publish(const Event& e);
+  // Sends STATUS= (status_line) to systemd.
   void announce_status();
   // What a watcher restarts `model` with: nullopt (today's settings), or the settings it ran with
   // when today's would make it conflict with a service in service or the one a running deploy is
@@ -226,9 +172,6 @@ class Deployer final : public Control {
   // Of the services in service (all but `except`) and the one a running deploy is about to start
   // (unless its model is in `except`), the first that `p` conflicts with: "MODEL (why)".
   std::optional<std::string> placement_taken(const Placement& p, const std::set<std::string>& except) const;
-  // Before deployment `r` stops or starts anything: model_active when a service it does not stop
-  // now conflicts with its model (e.g. restarted on today's GPUs after the deployment began).
-  std::optional<Error> switch_conflict(const Running& r) const;
   // The model watcher of `model`, made on first use (its counters are kept across watches).
   ModelWatcher& watcher_for(const std::string& model);
   // Starts watching service `model` unless it is not in service, already watched, or owned by the
@@ -243,15 +186,6 @@ class Deployer final : public Control {
   // After `modelctl verify` found the files of `model` at `commit` intact: when that revision is
   // the active one and the watchdog had stopped (it gives up on changed files), watches it again.
   void rewatch_verified(const std::string& model, const std::string& commit, const sys::Fields& f);
-  // Whether running deployment `r` owns the services it touches (touched_models): its current step
-  // touches them, it rolls back, or their servers were stopped. Until then their watchers keep
-  // watching (a large download takes hours); run_steps() stops them first.
-  static bool owns_service(const Running& r);
-  // The models whose services deployment `r` stops or starts: its own and those in conflict with it.
-  static std::set<std::string> touched_models(const Running& r);
-  void on_progress(Running& r, const struct fetch::Progress& p);
-  /// Warming's figures: record.warm, a progress event, STATUS= at most every second.
-  void on_warm_progress(Running& r, const WarmReport& w);
   std::string new_id(const std::string& model, std::chrono::system_clock::time_point now) const;
   // unknown_model when `model` is neither configured nor on disk (a stat on the disk pool).
   boost::asio::awaitable<std::optional<Error>> unknown_model(const std::string& model);
@@ -276,7 +210,9 @@ class Deployer final : public Control {
   boost::asio::strand<boost::asio::thread_pool::executor_type> writes_;
   DaemonState state_;
   std::deque<Deployment> history_;  ///< ended deployments, newest first
-  std::shared_ptr<Running> running_;
+  /// The Deployer's side of the running record (RunSink); declared before running_, so it goes last.
+  std::unique_ptr<Sink> sink_;
+  std::shared_ptr<RecordRun> running_;  ///< the record that runs now, if any
   std::map<std::uint64_t, std::function<void(const Event&)>> listeners_;
   std::uint64_t next_listener_ = 1;
   /// Models that a verify or rm works on now (model -> "verify" or "rm"): a deployment does not

@@ -1,5 +1,5 @@
 // downloading: hand the missing files to the download engine.
-#include "deploy/phases.hpp"
+#include "deploy/download.hpp"
 
 #include "fetch/fetch.hpp"
 #include "store/store.hpp"

@@ -1,5 +1,5 @@
 // freeing_disk: make room within disk_reserve by evicting least recently active models.
-#include "deploy/phases.hpp"
+#include "deploy/free_disk.hpp"
 
 #include "store/store.hpp"
 #include "util/on_pool.hpp"

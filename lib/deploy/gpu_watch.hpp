@@ -4,7 +4,7 @@
 // restart; the wait in stopping_old until the GPUs just freed are back at it; the free-memory
 // check before launching; the GPU UUIDs a drop-in's CUDA_VISIBLE_DEVICES names.
 
-#include "deploy/phases.hpp"
+#include "deploy/phase.hpp"
 
 #include <boost/asio/awaitable.hpp>
 

@@ -1,5 +1,6 @@
 // health_checking and benchmarking: readiness of the new server, then an optional measurement.
-#include "deploy/phases.hpp"
+#include "deploy/health_check.hpp"
+#include "deploy/launch.hpp"
 
 #include "deploy/preflight.hpp"
 #include "health/health.hpp"

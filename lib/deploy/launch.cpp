@@ -1,5 +1,6 @@
 // launching: switch the model's folder to the new revision, write its drop-in, start its unit.
-#include "deploy/phases.hpp"
+#include "deploy/launch.hpp"
+#include "deploy/warm.hpp"
 
 #include "deploy/gpu_watch.hpp"
 #include "gpu/nvml.hpp"

@@ -1,5 +1,5 @@
 // verify and rm of a model on disk, outside any deployment (modelctl verify, modelctl rm).
-#include "deploy/phases.hpp"
+#include "deploy/maintenance.hpp"
 
 #include "store/store.hpp"
 #include "util/on_pool.hpp"

@@ -1,4 +1,8 @@
 #include "deploy/model_watcher.hpp"
+#include "deploy/health_check.hpp"
+#include "deploy/launch.hpp"
+#include "deploy/maintenance.hpp"
+#include "deploy/stop_old.hpp"
 
 #include "health/health.hpp"
 #include "sys/task.hpp"

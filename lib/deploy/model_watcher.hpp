@@ -7,7 +7,7 @@
 
 #include "config/config.hpp"
 #include "deploy/control.hpp"
-#include "deploy/phases.hpp"
+#include "deploy/phase.hpp"
 #include "sys/log.hpp"
 #include "util/error.hpp"
 

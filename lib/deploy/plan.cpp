@@ -1,5 +1,6 @@
 // planning: revision -> commit, file listing, filters, what is still missing.
-#include "deploy/phases.hpp"
+#include "deploy/plan.hpp"
+#include "deploy/free_disk.hpp"
 
 #include "deploy/preflight.hpp"
 #include "store/store.hpp"

@@ -1,5 +1,6 @@
 // The pre-flight: the new server's program, GPUs and port, checked before anything is stopped.
 #include "deploy/preflight.hpp"
+#include "deploy/launch.hpp"
 
 #include "deploy/gpu_watch.hpp"
 #include "deploy/leftovers.hpp"

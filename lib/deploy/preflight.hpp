@@ -7,7 +7,7 @@
 // the port is free or held only by services the deployment stops ("port"). A failure names the
 // model's key (models.NAME.serve.command[0], .gpu_ids, .gpus, .port) and its configuration file.
 
-#include "deploy/phases.hpp"
+#include "deploy/phase.hpp"
 #include "units/service_manager.hpp"
 
 #include <boost/asio/awaitable.hpp>

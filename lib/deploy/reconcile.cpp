@@ -1,4 +1,5 @@
 #include "deploy/reconcile.hpp"
+#include "deploy/launch.hpp"
 
 #include "deploy/gpu_watch.hpp"
 #include "units/service_manager.hpp"

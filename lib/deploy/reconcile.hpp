@@ -4,7 +4,7 @@
 // found through the service manager and adopted or reported, never ignored. Read-only: the
 // Deployer puts what is adopted into its state and writes the journal lines.
 
-#include "deploy/phases.hpp"
+#include "deploy/phase.hpp"
 #include "deploy/records.hpp"
 
 #include <boost/asio/awaitable.hpp>

@@ -33,4 +33,11 @@ ActiveRecord active_record_from_json(const nlohmann::json& j);
 /// Revisions pulled ahead and not deployed or removed since: model -> commits.
 using Pulled = std::map<std::string, std::vector<std::string>>;
 
+/// Whether revision `commit` of `model` is marked in `pulled`.
+bool is_pulled(const Pulled& pulled, const std::string& model, const std::string& commit);
+
+/// Drops the mark of `model` at `commit` (every commit: nullopt) from `pulled`, and the model's
+/// entry once it has none; returns whether there was one.
+bool forget_pulled(Pulled& pulled, const std::string& model, const std::optional<std::string>& commit);
+
 }  // namespace modeld::deploy

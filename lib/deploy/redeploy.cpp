@@ -1,4 +1,5 @@
 #include "deploy/redeploy.hpp"
+#include "deploy/launch.hpp"
 
 #include "units/service_manager.hpp"
 

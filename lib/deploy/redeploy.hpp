@@ -5,7 +5,7 @@
 // settings changed, or a restart was asked for), or replaces something else.
 
 #include "deploy/deployment.hpp"
-#include "deploy/phases.hpp"
+#include "deploy/phase.hpp"
 #include "deploy/records.hpp"
 #include "deploy/started.hpp"
 

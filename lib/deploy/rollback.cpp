@@ -1,6 +1,10 @@
 // rolling_back: the new model failed after the services in conflict with it were stopped; bring
 // every one of them back, in the order they had been put into service.
-#include "deploy/phases.hpp"
+#include "deploy/rollback.hpp"
+#include "deploy/health_check.hpp"
+#include "deploy/stop_old.hpp"
+#include "deploy/launch.hpp"
+#include "deploy/warm.hpp"
 
 #include "store/store.hpp"
 #include "units/service_manager.hpp"

@@ -1,7 +1,8 @@
 #pragma once
-// The plan of a deployment as data: its ordered steps, each with the phase the API shows while it
-// runs and whether it touches the service in service. Computed from the record (its kind and the
-// order planning decided), so a restarted daemon derives the same plan. No I/O.
+// The plan of a deployment as data: its ordered steps, each with whether it touches the service in
+// service. Computed from the record (its kind and the order planning decided), so a restarted
+// daemon derives the same plan. What each step is (its phase, name, flags, how it runs) is its row
+// of the phase table (phase_table.hpp). No I/O.
 
 #include "deploy/deployment.hpp"
 
@@ -9,10 +10,10 @@
 
 namespace modeld::deploy {
 
-/// The steps a deployment may run; rolling back is not a step of the plan but its alternative.
+/// The steps a record may run; rolling_back is not a step of any plan but its alternative.
 enum class Step {
   planning, freeing_disk, downloading, verifying, warming, stopping_old, launching, health_checking, cleanup,
-  benchmarking
+  benchmarking, rolling_back
 };
 
 /// One step of a plan.
@@ -21,13 +22,13 @@ struct PlannedStep {
   bool touches_service;  ///< stops, starts or probes the model service: the model watcher pauses for it
 };
 
-/// The phase the API shows while `s` runs: its own, and health_checking for cleanup (no new phase name).
+/// The phase the API shows while `s` runs (its row's): its own, and health_checking for cleanup (no new phase name).
 Phase phase_of(Step s) noexcept;
 
-/// A name for the journal, e.g. "cleanup".
+/// A name for the journal (its row's), e.g. "cleanup".
 std::string_view to_string(Step s) noexcept;
 
-/// The ordered steps of a deployment of kind `kind`; with `downtime_first` (allow_downtime and a
+/// The ordered steps of a deployment, each touching the service as its row says, of kind `kind`; with `downtime_first` (allow_downtime and a
 /// disk plan that evicts the active model) stopping_old comes right after planning, so warming
 /// (after verifying) runs while nothing serves. A pull is planning, freeing_disk, downloading
 /// and verifying, none touching the service.

@@ -1,7 +1,8 @@
 // stopping_old: stop the model that serves now and wait until nothing of it is left: the unit
 // inactive, its control group empty, its port and the new model's port no longer listened on.
 // A leftover at the deadline fails the phase naming it, so the new server never starts on top.
-#include "deploy/phases.hpp"
+#include "deploy/stop_old.hpp"
+#include "deploy/launch.hpp"
 
 #include "deploy/gpu_watch.hpp"
 #include "deploy/leftovers.hpp"

@@ -1,7 +1,9 @@
 // The Deployer's answers about the store: the model list (store walks), plan, verify and rm,
 // with the refusals that keep them off a running deployment's files.
 #include "deploy/deployer.hpp"
-#include "deploy/running.hpp"
+#include "deploy/record_run.hpp"
+#include "deploy/maintenance.hpp"
+#include "deploy/plan.hpp"
 #include "deploy/preflight.hpp"
 #include "deploy/reconcile.hpp"
 #include "deploy/redeploy.hpp"
@@ -145,7 +147,7 @@ std::vector<RevisionInfo> Deployer::revisions_of(const std::string& model,
   std::vector<RevisionInfo> out;
   for (const auto& [commit, state] : on_disk) {
     RevisionInfo r{commit, state};
-    r.pulled = is_pulled(model, commit);
+    r.pulled = is_pulled(state_.pulled, model, commit);
     r.in_service = in_service(model, commit);
     out.push_back(std::move(r));
   }
@@ -161,10 +163,10 @@ std::optional<Error> Deployer::disk_conflict(const std::string& model, std::stri
                       fmt::format("model {} is active (served by {}); deploy another model before removing it", model,
                                   units::serve_unit(model)));
   if (running_) {
-    const auto& d = running_->record;
+    const auto& d = running_->record();
     // Verifying reads every file while a deployment may link, download or evict; rm only
     // conflicts with the deployment's own target and the model it replaces.
-    if (action == "verify" || touched_models(*running_).contains(model))
+    if (action == "verify" || running_->touched_models().contains(model))
     {
       // "rm --commit" is written "rm NAME --commit ...": the model right after the command.
       const auto space = action.find(' ');
@@ -307,7 +309,7 @@ asio::awaitable<Result<Removal>> Deployer::remove(std::string model) {
   f.model = model;
   sys::logf(sys::Level::notice, f, "removed model {} ({} revision{}, {} freed)", model, r->commits.size(),
             r->commits.size() == 1 ? "" : "s", util::format_bytes(r->bytes_freed));
-  if (forget_pulled(model, std::nullopt)) co_await save_state(f);
+  if (forget_pulled(state_.pulled, model, std::nullopt)) co_await save_state(f);
   co_return r;
 }
 
@@ -328,7 +330,7 @@ asio::awaitable<Result<Removal>> Deployer::remove_revision(std::string model, st
   f.extra.emplace_back("MODELD_COMMIT", commit);
   sys::logf(sys::Level::notice, f, "removed revision {} of model {} ({} freed)", commit, model,
             util::format_bytes(r->bytes_freed));
-  if (forget_pulled(model, commit)) co_await save_state(f);
+  if (forget_pulled(state_.pulled, model, commit)) co_await save_state(f);
   co_return r;
 }
 

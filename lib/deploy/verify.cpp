@@ -1,5 +1,5 @@
 // verifying: every listed file hashed (inline by fetch, or here), structure checked, manifest.
-#include "deploy/phases.hpp"
+#include "deploy/verify.hpp"
 
 #include "store/store.hpp"
 #include "util/on_pool.hpp"

@@ -1,6 +1,6 @@
 // warming: read the new revision's files into the page cache (the loader's order, the safetensors
 // shards first), within a RAM budget, before the old model stops; rolling back reuses it.
-#include "deploy/phases.hpp"
+#include "deploy/warm.hpp"
 
 #include "store/store.hpp"
 #include "util/files.hpp"

@@ -1,7 +1,7 @@
 // The Deployer's model watchers (one per model: model_watcher.hpp) and the placement checks
 // of a watcher's restart and of the switch against what serves or is about to start.
 #include "deploy/deployer.hpp"
-#include "deploy/running.hpp"
+#include "deploy/record_run.hpp"
 #include "deploy/model_watcher.hpp"
 #include "deploy/placement.hpp"
 
@@ -44,10 +44,10 @@ std::optional<std::string> Deployer::placement_taken(const Placement& p, const s
       return fmt::format("{}, which serves ({})", other.model, *why);
   }
   // The model a running deploy is about to start is in no state yet: its placement counts too.
-  if (running_ && running_->record.kind == Kind::deploy && !except.contains(running_->record.model))
-    if (const auto* target = running_->services.config->find_model(running_->record.model))
+  if (running_ && running_->record().kind == Kind::deploy && !except.contains(running_->record().model))
+    if (const auto* target = running_->services().config->find_model(running_->record().model))
       if (auto why = conflict_between(p, placement_of(*target)))
-        return fmt::format("{}, which deployment {} is about to start ({})", target->name, running_->record.id, *why);
+        return fmt::format("{}, which deployment {} is about to start ({})", target->name, running_->record().id, *why);
   return std::nullopt;
 }
 
@@ -58,7 +58,7 @@ Result<std::optional<StartedSettings>> Deployer::settings_for_restart(const std:
   // A service the running deploy replaces serves until that deploy stops it: the model it is
   // about to start does not count against it.
   std::set<std::string> except{model};
-  if (running_ && models_of(running_->record.previous).contains(model)) except.insert(running_->record.model);
+  if (running_ && models_of(running_->record().previous).contains(model)) except.insert(running_->record().model);
   const auto today = placement_taken(placement_of(*m), except);
   if (!today) return std::optional<StartedSettings>();
   sys::Fields f;
@@ -76,25 +76,9 @@ Result<std::optional<StartedSettings>> Deployer::settings_for_restart(const std:
                                 model, *today, model));
 }
 
-std::optional<Error> Deployer::switch_conflict(const Running& r) const {
-  const auto& d = r.record;
-  if (d.kind != Kind::deploy) return std::nullopt;
-  const auto* m = r.services.config->find_model(d.model);
-  if (!m) return std::nullopt;
-  std::set<std::string> except = models_of(d.previous);
-  except.insert(d.model);
-  const auto taken = placement_taken(placement_of(*m), except);
-  if (!taken) return std::nullopt;
-  return make_error(Errc::model_active,
-                    fmt::format("not starting {} beside {}: that service came into its place after this deployment "
-                                "began (it stops only the services in conflict when it starts); deploy {} again to "
-                                "stop it first",
-                                d.model, *taken, d.model));
-}
-
 void Deployer::watch_service(const std::string& model, bool wait_ready_first) {
   if (!state_.active.find(model) || shutting_down_) return;
-  if (running_ && owns_service(*running_) && touched_models(*running_).contains(model)) return;
+  if (running_ && running_->owns_service() && running_->touched_models().contains(model)) return;
   auto& w = watcher_for(model);
   if (!w.running()) w.start(model, wait_ready_first);
 }

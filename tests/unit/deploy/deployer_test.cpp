@@ -8,6 +8,9 @@
 // map those errors.
 
 #include "deploy/deployer.hpp"
+#include "deploy/free_disk.hpp"
+#include "deploy/launch.hpp"
+#include "deploy/warm.hpp"
 
 #include "deploy/state_store.hpp"
 #include "util/cancel_tree.hpp"

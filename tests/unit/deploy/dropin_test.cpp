@@ -1,4 +1,4 @@
-#include "deploy/phases.hpp"
+#include "deploy/launch.hpp"
 
 #include <catch2/catch.hpp>
 

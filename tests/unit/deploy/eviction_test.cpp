@@ -1,6 +1,6 @@
 // Which models freeing_disk (and its dry run, modelctl plan) may evict, and in what order.
 
-#include "deploy/phases.hpp"
+#include "deploy/free_disk.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
 // What planning refuses in a listing before anything is summed, linked or downloaded: files under
 // modeld's own `.modeld/`, files larger than hub.max_file_size, sizes whose sum wraps.
 
-#include "deploy/phases.hpp"
+#include "deploy/plan.hpp"
 
 #include <catch2/catch.hpp>
 

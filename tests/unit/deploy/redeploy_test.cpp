@@ -2,7 +2,7 @@
 // code that writes the drop-in) and the comparison of a planned deployment with the model in
 // service.
 
-#include "deploy/phases.hpp"
+#include "deploy/launch.hpp"
 #include "deploy/redeploy.hpp"
 
 #include <catch2/catch.hpp>

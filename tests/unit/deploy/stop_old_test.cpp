@@ -1,7 +1,7 @@
 // stopping_old refuses while the old model still serves when the new revision's files are no
 // longer the verified ones: nothing is stopped for a launch that would fail.
 
-#include "deploy/phases.hpp"
+#include "deploy/stop_old.hpp"
 
 #include "http/client.hpp"
 #include "store/store.hpp"

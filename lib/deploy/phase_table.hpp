@@ -1,0 +1,52 @@
+#pragma once
+// The phase table: one row per step a record may run, each naming its phase, its STATUS= verb,
+// whether it touches the service in service, how it runs (its phase's run_* and the application
+// of the result to the run, for RecordRun to call) and whether an interrupted record continues
+// from it. The rows of the preparation and the end (planning, freeing_disk, downloading,
+// verifying, warming, cleanup, benchmarking) are in phase_table.cpp, those of the restart switch
+// (stopping_old, launching, health_checking, rolling_back) in restart_rows.cpp. The order of a
+// plan is steps.cpp's. Private to lib/deploy; lookups never block.
+
+#include "deploy/deployment.hpp"
+#include "deploy/steps.hpp"
+#include "util/error.hpp"
+
+#include <boost/asio/awaitable.hpp>
+
+#include <span>
+#include <string_view>
+
+namespace modeld::deploy {
+
+class RecordRun;
+
+/// One step of the table.
+struct PhaseRow {
+  Step step;
+  Phase phase;             ///< what the API shows while it runs
+  std::string_view name;   ///< the journal's name of the step ("cleanup")
+  std::string_view verb;   ///< STATUS= before the model ("warming the page cache for"); empty: its phase's row says it
+  bool touches_service;    ///< stops, starts or probes a model service: the model watchers pause for it
+  bool shows_own_phase;    ///< entering it records and announces its phase (cleanup shows health_checking's)
+  /// Runs the step on `run` (entered already) and applies its result; an error ends the record
+  /// or rolls it back.
+  boost::asio::awaitable<Result<void>> (*run)(RecordRun& run);
+  /// Whether an interrupted record `d` continues from this step (nullptr: never).
+  bool (*resumes_here)(const Deployment& d);
+};
+
+/// The rows of the restart switch (restart_rows.cpp): stopping_old, launching, health_checking
+/// and rolling_back.
+std::span<const PhaseRow> restart_rows();
+
+/// The row of step `s`; every Step has one.
+const PhaseRow& row_of(Step s);
+
+/// The STATUS= verb of phase `p` (the row showing it as its own), e.g. "downloading".
+std::string_view verb_of(Phase p);
+
+/// The step an interrupted record `d` continues from: the last step of its plan whose row claims
+/// it, rolling_back (the plan's alternative) checked first; planning when none does.
+Step resume_step(const Deployment& d);
+
+}  // namespace modeld::deploy
