@@ -22,9 +22,11 @@ MAX_LINES = 1100
 # Files with a limit of their own, each with its reason; a listed file that no longer exists
 # fails the check, so the table stays true.
 LIMITS = {
-    # A ratchet, not the goal: issue 26 wants the driver under 700 lines once a run of one record
-    # is its own object; lower this as it shrinks.
-    "lib/deploy/deployer.cpp": (890, "the deployment driver: phases, the store requests, boot and queries live in their own files"),
+    # A ratchet: issue 26 wanted the driver under 700 lines once a run of one record is its own
+    # object (it is 329 since); lower this as it shrinks.
+    "lib/deploy/deployer.cpp": (340, "the Deployer: the run of a record, the phases, the store requests, boot and queries live in their own files"),
+    # Issue 26: the run of one record under 700 lines; its phases are rows of the phase table.
+    "lib/deploy/record_run.cpp": (700, "the run of one record: a phase's work is its file, its application its row (phase_table.cpp, restart_rows.cpp)"),
 }
 
 
@@ -68,6 +70,11 @@ def self_test():
         (root / "lib" / "long.hpp").write_text("int x;\n" * MAX_LINES + "int y;")  # no last newline
         driver = root / "lib" / "deploy" / "deployer.cpp"
         driver.write_text("int x;\n" * (LIMITS["lib/deploy/deployer.cpp"][0] + 1))
+        # Every other file with a limit of its own is there, within it.
+        for rel in LIMITS:
+            if rel != "lib/deploy/deployer.cpp":
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                (root / rel).write_text("int x;\n")
         report = io.StringIO()
         if check(root, ["lib/ok.cpp"], report):
             failures.append(f"ok.cpp ({MAX_LINES} lines): expected no problem, got:\n{report.getvalue()}")

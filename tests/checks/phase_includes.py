@@ -4,8 +4,9 @@
     phase_includes.py [--root DIR]   check DIR's lib/deploy (default: this repository's)
     phase_includes.py --self-test    check the checker on sample trees
 
-A phase gets what it needs through deploy/phases.hpp's context and reports through it; it never
-drives the deployment (deploy/deployer.hpp) nor writes its record (deploy/state_store.hpp). The
+A phase gets what it needs through deploy/phase.hpp's context (and the headers of the phases it
+uses) and reports through it; it never drives the deployment (deploy/deployer.hpp) nor writes its
+record (deploy/state_store.hpp). The
 check follows quoted includes transitively inside lib/deploy ("deploy/x.hpp", or "x.hpp" beside
 the including file) and prints each offending chain. Exit status 1 on a violation or a phase
 file that is missing.
@@ -125,7 +126,7 @@ def main(argv):
     return checklib.main(
         argv, lambda root, args: check(root), self_test,
         "phase includes ok: no phase file includes " + " or ".join(FORBIDDEN),
-        lambda n: f"{n} phase include problem(s): phases reach the deployment through deploy/phases.hpp only")
+        lambda n: f"{n} phase include problem(s): phases reach the deployment through deploy/phase.hpp only")
 
 
 if __name__ == "__main__":
