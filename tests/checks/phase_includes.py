@@ -98,15 +98,15 @@ def self_test():
         root = pathlib.Path(d)
         deploy = root / "lib" / "deploy"
         deploy.mkdir(parents=True)
-        (deploy / "phases.hpp").write_text('#include "deploy/control.hpp"\n#include "util/error.hpp"\n')
+        (deploy / "phase.hpp").write_text('#include "deploy/control.hpp"\n#include "util/error.hpp"\n')
         (deploy / "control.hpp").write_text("#pragma once\n")
         for name in PHASES:
-            (deploy / (name + ".cpp")).write_text('#include "deploy/phases.hpp"\n')
+            (deploy / (name + ".cpp")).write_text('#include "deploy/phase.hpp"\n')
         report = io.StringIO()
         if check(root, report) != 0:
             failures.append(f"clean tree: expected no problem, got:\n{report.getvalue()}")
 
-        (deploy / "plan.cpp").write_text('#include "deploy/phases.hpp"\n  #  include "deploy/deployer.hpp"\n')
+        (deploy / "plan.cpp").write_text('#include "deploy/phase.hpp"\n  #  include "deploy/deployer.hpp"\n')
         (deploy / "gpu_watch.hpp").write_text('#include "state_store.hpp"\n')
         (deploy / "launch.cpp").write_text('#include "deploy/gpu_watch.hpp"\n')
         (deploy / "deployer.cpp").write_text('#include "deploy/deployer.hpp"\n')  # the driver may
