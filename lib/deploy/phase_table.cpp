@@ -162,7 +162,9 @@ std::string_view verb_of(Phase p) {
 
 Step resume_step(const Deployment& d) {
   if (const auto& back = row_of(Step::rolling_back); back.resumes_here(d)) return Step::rolling_back;
-  const auto steps = plan_steps(d.kind, d.downtime_first);
+  // A stop's plan, else a deploy's (a pull's steps are the first of them, and a record claimed by
+  // a later step continues there whatever its kind, as before the table).
+  const auto steps = plan_steps(d.kind == Kind::stop ? Kind::stop : Kind::deploy, d.downtime_first);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it)
     if (const auto& row = row_of(it->step); row.resumes_here && row.resumes_here(d)) return it->step;
   return Step::planning;

@@ -45,8 +45,9 @@ const PhaseRow& row_of(Step s);
 /// The STATUS= verb of phase `p` (the row showing it as its own), e.g. "downloading".
 std::string_view verb_of(Phase p);
 
-/// The step an interrupted record `d` continues from: the last step of its plan whose row claims
-/// it, rolling_back (the plan's alternative) checked first; planning when none does.
+/// The step an interrupted record `d` continues from: rolling_back when its row claims it, else
+/// the last step of a stop's plan (a stop) or a deploy's (a deploy or a pull) whose row claims
+/// it; planning when none does.
 Step resume_step(const Deployment& d);
 
 }  // namespace modeld::deploy
