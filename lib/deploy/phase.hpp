@@ -79,7 +79,7 @@ struct Run {
 };
 
 /// The driver's side of the decisions a phase must make durable before acting on them, and the
-/// phase's progress. Implemented by the Deployer; tests give their own.
+/// phase's progress. Implemented by the run of the record (RecordRun); tests give their own.
 class Decisions {
  public:
   virtual ~Decisions() = default;
