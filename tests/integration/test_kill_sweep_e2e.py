@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from contract_helpers import (MESSAGE_ID, answers, ended, hub_commit, journal_mark, kill_modeld, link_target,
+from contract_helpers import (MESSAGE_ID, answers, ended, hub_commit, journal_mark, link_target,
                               restart_killed_modeld, start_deploy, wait_line)
 from modeld_env import ModeldEnv, free_port, model_table, wait_for, write_control
 from nsystemd import unsupported_reason
@@ -174,20 +175,17 @@ def env(tmp_path_factory, request):
     finally:
         table = render_table(e.rows, time.monotonic() - t0)
         (work / "kill-sweep-table.txt").write_text(table)
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter:
-            reporter.write_line("")
-            for line in table.splitlines():
-                reporter.write_line(line)
-        print(table)
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            print("\n" + table, flush=True)
         e.stop()
 
 
 def render_table(rows: list[Row], wall: float) -> str:
     out = [f"kill sweep, seed {SEED}: {len(rows)} points, {wall:.0f} s in all",
-           f"{'#':>2}  {'point':<32} {'killed in':<18} {'offset':>7}  {'outcome':<12} {'to end':>7}  note"]
+           f"{'#':>2}  {'point':<52} {'killed in':<26} {'offset':>7}  {'outcome':<12} {'to end':>7}  note"]
     for i, r in enumerate(rows):
-        out.append(f"{i:>2}  {r.point:<32} {r.killed_in:<18} {r.offset:>6.3f}s  {r.outcome:<12} "
+        out.append(f"{i:>2}  {r.point:<52} {r.killed_in:<26} {r.offset:>6.3f}s  {r.outcome:<12} "
                    f"{r.to_end_s:>6.1f}s  {r.note}")
     return "\n".join(out)
 
@@ -256,7 +254,7 @@ def reached(env: SweepEnv, dep_id: str, target: str) -> dict:
         d = record_file(env, dep_id)
         if d is None:
             raise NotYet("no record yet")
-        if d["state"] != "running" or d.get("cleanup_begun"):
+        if d["state"] != "running":
             return d
         if d["phase"] == "rolling_back" and target != "rolling_back":
             return d
@@ -300,13 +298,44 @@ def wait_target(env: SweepEnv, p: Point, dep_id: str, mark: int) -> None:
         reached(env, dep_id, p.target)
 
 
-def killed_in(d: dict | None) -> str:
-    """What the durable record says at the kill."""
+ROLLBACK_STEPS = [("warming the previous revision", "warming"), (f"starting modeld-serve@{MODEL}.service again",
+                                                                  "launching"), ("serves again", "ready")]
+
+
+def killed_in(env: SweepEnv, d: dict | None, dep_id: str, at: int) -> str:
+    """What the durable record says at the kill (journal mark `at`); in rolling_back, the last
+    step of it the journal shows before the kill."""
     if d is None:
         return "no record"
     if d["state"] != "running":
         return f"ended {d['state']}"
+    if d["phase"] == "rolling_back":
+        steps = [step for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")
+                 if int(e["__REALTIME_TIMESTAMP"]) <= at
+                 for text, step in ROLLBACK_STEPS if text in e.get("MESSAGE", "")]
+        return f"rolling_back:{steps[-1]}" if steps else "rolling_back"
     return f"{d['phase']}+cleanup" if d.get("cleanup_begun") else d["phase"]
+
+
+def host_pid(env: SweepEnv) -> int:
+    """modeld's PID as this (the host's) PID namespace sees it, checked against the namespaced
+    systemd's MainPID: the kill is then one kill(2), with no systemctl between the moment the
+    test sees the target and the SIGKILL (the phases launching and verifying last milliseconds)."""
+    ns_pid = env.main_pid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        if argv[0] != str(env.modeld).encode() or b"--check-config" in argv or str(env.config).encode() not in argv:
+            continue
+        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        if int(nspid[-1]) == ns_pid:
+            return int(proc.name)
+    raise AssertionError(f"[seed {SEED}] modeld (MainPID {ns_pid} in the namespace) not found in /proc")
 
 
 # -- one point -------------------------------------------------------------------------------------
@@ -345,10 +374,13 @@ def run_point(env: SweepEnv, p: Point) -> None:
             # verifying read the shared shards again: drop them once the new server is on its way.
             reached(env, dep_id, "launching")
             drop_serving_pages(env)
+        pid, host = env.main_pid(), host_pid(env)
         wait_target(env, p, dep_id, mark)
         time.sleep(p.offset)  # the kill's random offset, drawn from the seeded RNG
-        pid = kill_modeld(env)
-        row.killed_in = killed_in(record_file(env, dep_id))
+        os.kill(host, signal.SIGKILL)  # kill -9 of modeld's main process
+        at = journal_mark()
+        wait_for(f"{tag} modeld killed", lambda: env.main_pid() != pid, timeout=30)
+        row.killed_in = killed_in(env, record_file(env, dep_id), dep_id, at)
     finally:
         write_control(env.hub_control)  # no hold, no throttle: the next start runs freely
     t_kill = time.monotonic()
