@@ -233,8 +233,10 @@ asio::awaitable<void> Deployer::recover_service(const ActiveRecord& a, const Res
 std::optional<Step> Deployer::resume_step(const Deployment& d) {
   if (d.kind == Kind::stop) return Step::stopping_old;  // stopping is idempotent; a stop never rolls back
   if (d.phase == Phase::rolling_back) return std::nullopt;
-  // Cleanup began after the health check: the new model serves, only the cleanup is left to finish.
-  if (d.cleanup_begun && d.phase == Phase::health_checking) return Step::cleanup;
+  // Cleanup began after the health check: the new model serves, only the cleanup (done again if it
+  // had finished: it removes what is left) and the benchmark are left. Also from benchmarking, which
+  // comes after the cleanup: going back to stopping_old would stop the model that serves.
+  if (d.cleanup_begun && (d.phase == Phase::health_checking || d.phase == Phase::benchmarking)) return Step::cleanup;
   // Stopping is idempotent ("nothing to stop" once inactive), and a stop cut short by the
   // restart must finish before the new server may take the port and the GPUs.
   // (With stopping_old first, planning comes before it and re-reads what the later steps need.)
