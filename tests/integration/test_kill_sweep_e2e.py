@@ -380,7 +380,9 @@ def run_point(env: SweepEnv, p: Point) -> None:
         os.kill(host, signal.SIGKILL)  # kill -9 of modeld's main process
         at = journal_mark()
         wait_for(f"{tag} modeld killed", lambda: env.main_pid() != pid, timeout=30)
-        row.killed_in = killed_in(env, record_file(env, dep_id), dep_id, at)
+        durable = record_file(env, dep_id)
+        row.killed_in = killed_in(env, durable, dep_id, at)
+        server = env.main_pid(f"modeld-serve@{MODEL}.service")
     finally:
         write_control(env.hub_control)  # no hold, no throttle: the next start runs freely
     t_kill = time.monotonic()
@@ -391,6 +393,30 @@ def run_point(env: SweepEnv, p: Point) -> None:
     if dep["state"] != {"rollback": "rolled_back"}.get(p.kind, "succeeded"):
         row.note = f"{(dep.get('error') or {}).get('code')}: {(dep.get('error') or {}).get('message', '')[:80]}"
     check_consistent(env, p, dep_id, dep, commit, serving, tag)
+    check_resumed(env, dep_id, durable, at, tag)
+    if durable and durable["state"] == "running" and durable.get("cleanup_begun"):
+        # The new model served at the kill: the next start never restarts it.
+        assert env.main_pid(f"modeld-serve@{MODEL}.service") == server, \
+            f"{tag} the server that served at the kill (PID {server}) was restarted"
+
+
+def check_resumed(env: SweepEnv, dep_id: str, durable: dict | None, at: int, tag: str) -> None:
+    """The next start continued the record once, from what it had durably recorded: "interrupted
+    in phase" its phase at the kill; a record killed rolling back continues rolling back (it never
+    starts the new model again), one killed in the cleanup of older revisions finishes that
+    cleanup (interface.md: it is not cancellable and finishes, also after a restart)."""
+    lines = [e["MESSAGE"] for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")
+             if int(e["__REALTIME_TIMESTAMP"]) >= at and "continuing deployment" in e.get("MESSAGE", "")]
+    if durable is None or durable["state"] != "running":
+        assert lines == [], f"{tag} an ended record continued: {lines}"
+        return
+    assert len(lines) == 1, f"{tag} {len(lines)} 'continuing deployment' lines after the kill: {lines}"
+    assert f"interrupted in phase {durable['phase']}," in lines[0], \
+        f"{tag} killed in {durable['phase']}, the next start said: {lines[0]}"
+    if durable["phase"] == "rolling_back":
+        assert lines[0].endswith("from phase rolling_back"), f"{tag} a rollback did not continue: {lines[0]}"
+    elif durable.get("cleanup_begun"):
+        assert "from phase health_checking (the cleanup" in lines[0], f"{tag} the cleanup did not continue: {lines[0]}"
 
 
 def expected_outcome(env: SweepEnv, p: Point, dep: dict, commit: str, serving: str, tag: str) -> None:
