@@ -289,11 +289,18 @@ def wait_target(env: SweepEnv, p: Point, dep_id: str, mark: int) -> None:
                 return d
             raise NotYet("cleanup not begun")
         wait_for(f"{tag} cleanup begun", begun, timeout=120, interval=0.003)
-    elif p.target == "rolling_back:warming":
-        wait_line(env, "warming the previous revision", mark, f"MODELD_DEPLOYMENT={dep_id}", timeout=120)
-    elif p.target == "rolling_back:launching":
-        wait_line(env, f"starting modeld-serve@{MODEL}.service again", mark, f"MODELD_DEPLOYMENT={dep_id}",
-                  timeout=120)
+    elif p.target in ("rolling_back:warming", "rolling_back:launching"):
+        text = dict((step, t) for t, step in ROLLBACK_STEPS)[p.target.split(":")[1]]
+
+        def step_or_end():  # the step's line, or the record ended (the outcome check says how)
+            d = record_file(env, dep_id)
+            if d and d["state"] != "running":
+                return d
+            if any(int(e["__REALTIME_TIMESTAMP"]) >= mark and text in e.get("MESSAGE", "")
+                   for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")):
+                return True
+            raise NotYet(f"in {d and d['phase']}")
+        wait_for(f"{tag} a journal line with {text!r}", step_or_end, timeout=120)
     else:
         reached(env, dep_id, p.target)
 
@@ -419,7 +426,14 @@ def check_resumed(env: SweepEnv, dep_id: str, durable: dict | None, at: int, tag
         assert "from phase health_checking (the cleanup" in lines[0], f"{tag} the cleanup did not continue: {lines[0]}"
 
 
+def journal_excerpt(env: SweepEnv, dep_id: str, n: int = 25) -> str:
+    """The last `n` journal lines of modeld for `dep_id`, for an assertion message."""
+    lines = [e.get("MESSAGE", "") for e in env.journal("SYSLOG_IDENTIFIER=modeld", f"MODELD_DEPLOYMENT={dep_id}")]
+    return "\n  journal: " + "\n  journal: ".join(lines[-n:])
+
+
 def expected_outcome(env: SweepEnv, p: Point, dep: dict, commit: str, serving: str, tag: str) -> None:
+    tag += journal_excerpt(env, dep["id"]) if dep["state"] != {"rollback": "rolled_back"}.get(p.kind, "succeeded") else ""
     assert dep["commit"] == commit, f"{tag} the record's commit {dep['commit']}, the hub's {commit}"
     if p.kind == "deploy":
         assert dep["state"] == "succeeded", f"{tag} a deploy killed and continued did not succeed: {dep}"
