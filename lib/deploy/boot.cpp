@@ -68,6 +68,12 @@ Result<void> Deployer::load() {
 
 asio::awaitable<void> Deployer::recover() {
   co_await log_unlogged_ends();
+  // A modeld killed inside switch_link left its temporary link (nothing else makes one before here).
+  auto& store = services_.store;
+  const auto temps =
+      co_await util::on_pool<std::vector<std::string>>(services_.disk_pool, [&] { return store.remove_link_temps(); });
+  for (const auto& t : temps)
+    sys::logf(sys::Level::notice, "state recovery: removed {}, a temporary link a killed modeld left", t);
   // The newest deployment that never reached a terminal state was interrupted by a restart. It
   // stays in the history (state running, as the API shows it) until it continues below.
   std::optional<Deployment> unfinished;

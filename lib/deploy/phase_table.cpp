@@ -121,9 +121,12 @@ asio::awaitable<Result<void>> benchmarking(RecordRun& r) {
 // what the later steps need (the record keeps the commit).
 bool always(const Deployment&) { return true; }
 
-// Cleanup began after the health check: the new model serves, only the cleanup is left to finish.
+// Cleanup began after the health check: the new model serves, only the cleanup (done again if it
+// had finished: it removes what is left) and the benchmark are left. Also from benchmarking, which
+// comes after the cleanup: going back to stopping_old would stop the model that serves.
 bool cleanup_begun(const Deployment& d) {
-  return d.kind != Kind::stop && d.cleanup_begun && d.phase == Phase::health_checking;
+  return d.kind != Kind::stop && d.cleanup_begun &&
+         (d.phase == Phase::health_checking || d.phase == Phase::benchmarking);
 }
 
 constexpr std::array preparation_and_end{

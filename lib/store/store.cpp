@@ -146,6 +146,35 @@ Result<void> Store::switch_link(const std::string& name, const std::string& comm
   return util::fsync_directory(models_dir_);
 }
 
+namespace {
+
+// ".NAME.link-PID-N", as switch_link names its temporary link.
+bool is_link_temp_name(const std::string& f) {
+  const auto at = f.rfind(".link-");
+  if (f.empty() || f[0] != '.' || at == std::string::npos || at == 0) return false;
+  const auto rest = std::string_view(f).substr(at + 6);
+  const auto dash = rest.find('-');
+  auto digits = [](std::string_view v) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return dash != std::string_view::npos && digits(rest.substr(0, dash)) && digits(rest.substr(dash + 1));
+}
+
+}  // namespace
+
+std::vector<std::string> Store::remove_link_temps() const {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(models_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    auto f = it->path().filename().string();
+    struct stat st {};
+    if (!is_link_temp_name(f) || ::lstat(it->path().c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) continue;
+    if (::unlink(it->path().c_str()) == 0) removed.push_back(std::move(f));
+  }
+  if (!removed.empty()) (void)util::fsync_directory(models_dir_);
+  return removed;
+}
+
 std::uint64_t Store::partial_bytes(const std::string& name, const std::string& commit) const {
   if (!detail::check_names(name, commit)) return 0;
   std::uint64_t total = 0;

@@ -155,6 +155,11 @@ class Store {
   /// Points models_dir/NAME at revision `commit` atomically (symlink + rename + directory fsync).
   Result<void> switch_link(const std::string& name, const std::string& commit);
 
+  /// Removes the temporary links switch_link makes (".NAME.link-PID-N", symlinks only) from
+  /// models_dir, for the daemon's start: one there was left by a modeld killed between the symlink
+  /// and the rename; returns their names.
+  std::vector<std::string> remove_link_temps() const;
+
   /// The manifest of a revision, nullopt when there is none; io_error/bad manifest as error.
   Result<std::optional<Manifest>> read_manifest(const std::string& name, const std::string& commit) const;
 

@@ -1007,6 +1007,25 @@ TEST_CASE("a deployment interrupted in its cleanup finishes the cleanup after a 
   CHECK(fx.deployer->history(10).size() == 1);
 }
 
+TEST_CASE("a deployment interrupted in its benchmark after the cleanup benchmarks again and never restarts the new model") {
+  // Found by the kill sweep (test_kill_sweep_e2e): it went back to stopping_old, which stopped the
+  // model that served and started it again.
+  Fixture fx;
+  fx.leave_crashed_in(Phase::benchmarking);
+  auto records = fx.states.load_history(1);
+  REQUIRE(records.size() == 1);
+  records.front().cleanup_begun = true;  // the cleanup comes before the benchmark
+  REQUIRE(fx.states.save_deployment(records.front()).has_value());
+  fx.boot();
+  auto end = fx.wait_end(kRecordId);
+  CHECK(phase_list(fx.phases()) == "benchmarking");
+  check_new_serves(fx, end, true);
+  CHECK(fx.ready_waits["new"] == 0);  // not checked again
+  CHECK(std::count(fx.units.unit_calls.begin(), fx.units.unit_calls.end(), "start " + kNewUnit) == 0);
+  CHECK(fs::exists(fx.store.revision_dir("new", kNew)));
+  CHECK(fx.deployer->history(10).size() == 1);
+}
+
 // ---- warming ----
 
 TEST_CASE("a deployment records what warming found and what was resident at launch") {

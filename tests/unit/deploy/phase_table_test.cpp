@@ -20,11 +20,12 @@ constexpr Phase all_phases[] = {Phase::planning,     Phase::freeing_disk, Phase:
                                 Phase::warming,      Phase::stopping_old, Phase::launching,       Phase::health_checking,
                                 Phase::benchmarking, Phase::rolling_back};
 
-// The rule Deployer::resume_step had before the table (nullopt: it rolls back).
+// The rule Deployer::resume_step had before the table (nullopt: it rolls back), with the kill
+// sweep's fix: a record killed in benchmarking after its cleanup began continues from the cleanup.
 std::optional<Step> rule_before(const Deployment& d) {
   if (d.kind == Kind::stop) return Step::stopping_old;
   if (d.phase == Phase::rolling_back) return std::nullopt;
-  if (d.cleanup_begun && d.phase == Phase::health_checking) return Step::cleanup;
+  if (d.cleanup_begun && (d.phase == Phase::health_checking || d.phase == Phase::benchmarking)) return Step::cleanup;
   if (d.old_stopped && !d.downtime_first) return Step::stopping_old;
   return Step::planning;
 }

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fcntl.h>
@@ -73,6 +74,28 @@ TEST_CASE("the store lays out revisions under .store and links the model relativ
   CHECK_FALSE(s.prepare_revision("m", "../x").has_value());
   CHECK_FALSE(s.prepare_revision("../m", kA).has_value());
   CHECK_FALSE(s.linked_commit("m").has_value());
+}
+
+TEST_CASE("the temporary links a killed switch_link left are removed, nothing else") {
+  // Found by the kill sweep (test_kill_sweep_e2e, seed 12345, a kill in launching).
+  TempDir dir;
+  Store s(dir.path);
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  REQUIRE(s.switch_link("m", kA).has_value());
+  fs::create_symlink(".store/m/" + kA, dir.path / ".m.link-1744-0");
+  fs::create_symlink(".store/m/" + kA, dir.path / ".my-model.link-12-3");
+  write_file(dir.path / ".n.link-1-0", "a file of that name is not ours");
+  fs::create_symlink(".store/m/" + kA, dir.path / ".m.link-x-0");
+  fs::create_symlink(".store/m/" + kA, dir.path / "other.link-1-0");
+  auto removed = s.remove_link_temps();
+  std::sort(removed.begin(), removed.end());
+  CHECK(removed == std::vector<std::string>{".m.link-1744-0", ".my-model.link-12-3"});
+  CHECK_FALSE(fs::exists(fs::symlink_status(dir.path / ".m.link-1744-0")));
+  CHECK(fs::exists(dir.path / ".n.link-1-0"));
+  CHECK(fs::is_symlink(dir.path / ".m.link-x-0"));
+  CHECK(fs::is_symlink(dir.path / "other.link-1-0"));
+  CHECK(s.linked_commit("m") == kA);
+  CHECK(s.remove_link_temps().empty());
 }
 
 TEST_CASE("switching the link points the model at the new revision and leaves no temp file") {
