@@ -369,7 +369,7 @@ unsigned http_status(Errc code) noexcept {
 }
 
 Response error_response(unsigned status, const Error& error) {
-  return json_response(status, json{{"error", deploy::error_json(error)}});
+  return json_response(status, json{{"error", wire::to_json(error)}});
 }
 
 std::string sse_message(const deploy::Event& event) {

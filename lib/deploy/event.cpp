@@ -51,7 +51,7 @@ nlohmann::json event_json(const Event& e) {
   if (e.kind == EventKind::state) {
     j["state"] = std::string(to_string(e.state));
     j["phase"] = std::string(to_string(e.phase));
-    j["error"] = e.error ? error_json(*e.error) : nlohmann::json(nullptr);
+    j["error"] = e.error ? to_json(*e.error) : nlohmann::json(nullptr);
   }
   if (e.kind == EventKind::progress) j["progress"] = to_json(e.progress);
   if (e.kind == EventKind::progress && e.phase == Phase::warming) {

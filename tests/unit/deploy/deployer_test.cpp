@@ -729,7 +729,7 @@ TEST_CASE("a cancelled deployment's state event carries the error object") {
   REQUIRE(end.error);
   CHECK(fx.texts.back() == std::pair<std::string, std::string>{
                                "state", fmt::format(R"({{"error":{},"id":"{}","model":"new","phase":"{}","state":"cancelled"}})",
-                                                    deploy::error_json(*end.error).dump(), d.id,
+                                                    deploy::to_json(*end.error).dump(), d.id,
                                                     deploy::to_string(end.phase))});
 }
 
