@@ -286,7 +286,7 @@ struct Fixture {
       watcher_events.push_back(e);
       return;
     }
-    const std::string text = util::dump_json(deploy::event_json(e));
+    const std::string text = util::dump_json(deploy::to_json(e));
     texts.emplace_back(deploy::to_string(e.kind), text);
     auto j = nlohmann::json::parse(text);
     if (e.kind == deploy::EventKind::phase) {
@@ -767,7 +767,7 @@ TEST_CASE("the model watcher's record changes reach listeners as watcher events"
   CHECK(e.id.empty());
   REQUIRE(e.watcher);
   CHECK(e.watcher->model == "old");
-  CHECK(deploy::event_json(e)["watchdog"]["model"] == "old");
+  CHECK(deploy::to_json(e)["watchdog"]["model"] == "old");
 }
 
 TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {
