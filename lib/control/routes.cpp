@@ -1,5 +1,5 @@
-// The control API's routes: dispatch, authorization of mutating routes, body validation and
-// the JSON shapes of interface.md "Control API".
+// The control API's routes: one table (method, path pattern, access level, query check,
+// handler) that both entry points dispatch through; the bodies and answers are lib/wire's.
 
 #include "control/routes.hpp"
 #include "control/hub_reads.hpp"
@@ -223,159 +223,237 @@ std::string sse_frame(std::string_view kind, std::string_view data) {
   return out;
 }
 
-Response handle(const Request& req, const Peer& peer, deploy::Control& control, const Access& access) {
-  std::string_view target = req.target;
-  std::string_view path = target.substr(0, target.find('?'));
-  std::string_view query =
-      path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
-  const auto parts = split_path(path);
-  const bool get = req.method == "GET";
-  const bool post = req.method == "POST";
-
-  auto not_found = [&] {
-    return error_for(make_error(Errc::not_found, fmt::format("no route {}", path)));
-  };
-
-  if (parts.size() == 1 && parts[0] == "metrics") {
-    if (!get) return method_not_allowed(req, path, "GET");
-    Response r;
-    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_text(control);
-    return r;
-  }
-  if (parts.size() < 2 || parts[0] != "v1") return not_found();
-
-  const auto& what = parts[1];
-  if (parts.size() == 2 && what == "status") {
-    if (!get) return method_not_allowed(req, path, "GET");
-    return get_status(control);
-  }
-  if (parts.size() == 2 && what == "events") {
-    if (!get) return method_not_allowed(req, path, "GET");
-    Response r;
-    r.content_type = "text/event-stream";
-    r.event_stream = true;
-    return r;
-  }
-  if (what != "deployments") return not_found();
-
-  if (parts.size() == 2) {
-    if (get) return list_deployments(query, control);
-    if (!post) return method_not_allowed(req, path, "GET, POST");
-    if (!access.allows(peer)) return forbidden(req, path, peer, access);
-    if (auto ok = wire::known_query(query, path, {}); !ok) return error_for(ok.error());
-    return start_deployment(req, control);
-  }
-  auto id = decode_segment(parts[2]);
-  if (!id) return not_found();
-  if (parts.size() == 3) {
-    if (!get) return method_not_allowed(req, path, "GET");
-    auto d = control.get(*id);
-    if (!d) return error_for(d.error());
-    return json_response(200, wire::to_json(*d));
-  }
-  if (parts.size() == 4 && parts[3] == "cancel") {
-    if (!post) return method_not_allowed(req, path, "POST");
-    if (!access.allows(peer)) return forbidden(req, path, peer, access);
-    if (auto ok = wire::known_query(query, path, {}); !ok) return error_for(ok.error());
-    auto d = control.cancel(*id);
-    if (!d) return error_for(d.error());
-    return json_response(200, wire::to_json(*d));
-  }
-  return not_found();
-}
-
 namespace {
 
-// The model routes that await the Deployer: /v1/models/{name}/plan, /v1/models/{name}/verify,
-// /v1/models/{name}/pull, /v1/models/{name}/stop, /v1/models/{name}. nullopt when the request is not one of them.
-std::optional<std::pair<std::string, std::string>> model_route(std::string_view path) {
-  const auto parts = split_path(path);
-  if (parts.size() < 3 || parts.size() > 4 || parts[0] != "v1" || parts[1] != "models") return std::nullopt;
-  auto name = decode_segment(parts[2]);
-  if (!name) return std::nullopt;
-  std::string action = parts.size() == 4 ? std::string(parts[3]) : std::string();
-  if (!action.empty() && action != "plan" && action != "verify" && action != "pull" && action != "stop")
-    return std::nullopt;
-  return std::pair{std::move(*name), std::move(action)};
+// What a route's handler gets: the request, its path and query, the segment the pattern's "{}"
+// matched (decoded), who asks and what answers.
+struct Call {
+  const Request& req;
+  std::string_view path;
+  std::string_view query;
+  std::string arg;
+  const Peer& peer;
+  deploy::Control& control;
+  const Access& access;
+  HubReads* hub_reads;
+};
+
+// Who may call a route: anyone who can reach the socket, or root and control.group only.
+enum class Level { read, mutate };
+
+using SyncHandler = Response (*)(const Call&);
+using QueryCheck = Result<void> (*)(std::string_view query, std::string_view path);
+using AsyncHandler = boost::asio::awaitable<Response> (*)(const Call&);
+
+// One row of the route table: a method on a path pattern (segments, "{}" matching one decoded
+// segment), its access level, the check of the query parameters it knows (after the access;
+// null: the handler reads the query itself) and its handler, answered at once or awaited.
+struct Route {
+  std::string_view method;
+  std::vector<std::string_view> pattern;
+  Level level;
+  QueryCheck query;
+  SyncHandler sync = nullptr;
+  AsyncHandler async = nullptr;
+};
+
+Response unknown_model(const std::string& name) {
+  return error_for(make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", name)));
 }
 
-}  // namespace
+Response metrics_route(const Call& c) {
+  Response r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = metrics_text(c.control);
+  return r;
+}
 
-boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Control& control, const Access& access,
-                                              HubReads* hub_reads) {
-  std::string_view target = req.target;
-  std::string_view path = target.substr(0, target.find('?'));
-  std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
-  if (const auto parts = split_path(path); parts.size() == 2 && parts[0] == "v1" && parts[1] == "models") {
-    if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
-    const auto models = co_await control.models();
-    co_return json_response(200, wire::models_json(models));
-  }
-  auto route = model_route(path);
-  if (!route) co_return handle(req, peer, control, access);
-  // Copies, not a structured binding: GCC 12 keeps a binding out of the coroutine frame.
-  const std::string name = route->first;
-  const std::string action = route->second;
+Response status_route(const Call& c) { return get_status(c.control); }
 
-  auto unknown = [&] {
-    return error_for(make_error(Errc::unknown_model, fmt::format("no model named '{}' is configured", name)));
-  };
-  if (action == "plan") {
-    if (req.method != "GET") co_return method_not_allowed(req, path, "GET");
-    if (auto ok = wire::known_query(query, path, {"allow_downtime", "commit"}); !ok) co_return error_for(ok.error());
-    auto allow_downtime = wire::bool_param(query, "allow_downtime");
-    if (!allow_downtime) co_return error_for(allow_downtime.error());
-    auto commit = wire::commit_param(query);
-    if (!commit) co_return error_for(commit.error());
-    if (!repo::valid_model_name(name)) co_return unknown();
-    // A plan lists the Hub (and holds the listing while it runs): a few at once per user.
-    std::optional<HubReads::Slot> slot;
-    if (hub_reads) {
-      auto entered = hub_reads->enter(peer, [&] { return access.allows(peer); });
-      if (!entered) co_return too_many(req, path, peer, *hub_reads, entered.error());
-      slot.emplace(std::move(*entered));
-    }
-    auto plan = co_await control.plan(name, *allow_downtime, *commit);
-    if (!plan) co_return error_for(plan.error());
-    co_return json_response(200, wire::to_json(*plan));
+Response events_route(const Call&) {
+  Response r;
+  r.content_type = "text/event-stream";
+  r.event_stream = true;
+  return r;
+}
+
+Response list_route(const Call& c) { return list_deployments(c.query, c.control); }
+
+Response start_route(const Call& c) { return start_deployment(c.req, c.control); }
+
+Response deployment_route(const Call& c) {
+  auto d = c.control.get(c.arg);
+  if (!d) return error_for(d.error());
+  return json_response(200, wire::to_json(*d));
+}
+
+Response cancel_route(const Call& c) {
+  auto d = c.control.cancel(c.arg);
+  if (!d) return error_for(d.error());
+  return json_response(200, wire::to_json(*d));
+}
+
+// pull and stop answer at once, yet only handle_async() serves them, as every /v1/models route.
+boost::asio::awaitable<Response> pull_route(const Call& c) { co_return start_pull(c.arg, c.req.body, c.control); }
+
+boost::asio::awaitable<Response> stop_route(const Call& c) { co_return start_stop(c.arg, c.req.body, c.control); }
+
+boost::asio::awaitable<Response> models_route(const Call& c) {
+  const auto models = co_await c.control.models();
+  co_return json_response(200, wire::models_json(models));
+}
+
+boost::asio::awaitable<Response> plan_route(const Call& c) {
+  auto allow_downtime = wire::bool_param(c.query, "allow_downtime");
+  if (!allow_downtime) co_return error_for(allow_downtime.error());
+  auto commit = wire::commit_param(c.query);
+  if (!commit) co_return error_for(commit.error());
+  if (!repo::valid_model_name(c.arg)) co_return unknown_model(c.arg);
+  // A plan lists the Hub (and holds the listing while it runs): a few at once per user.
+  std::optional<HubReads::Slot> slot;
+  if (c.hub_reads) {
+    auto entered = c.hub_reads->enter(c.peer, [&] { return c.access.allows(c.peer); });
+    if (!entered) co_return too_many(c.req, c.path, c.peer, *c.hub_reads, entered.error());
+    slot.emplace(std::move(*entered));
   }
-  if (action == "verify") {
-    if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
-    if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
-    if (auto ok = wire::known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    if (!repo::valid_model_name(name)) co_return unknown();
-    auto report = co_await control.verify(name);
-    if (!report) co_return error_for(report.error());
-    co_return json_response(200, wire::to_json(*report));
-  }
-  if (action == "pull") {
-    if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
-    if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
-    if (auto ok = wire::known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    co_return start_pull(name, req.body, control);
-  }
-  if (action == "stop") {
-    if (req.method != "POST") co_return method_not_allowed(req, path, "POST");
-    if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
-    if (auto ok = wire::known_query(query, path, {}); !ok) co_return error_for(ok.error());
-    co_return start_stop(name, req.body, control);
-  }
-  if (req.method != "DELETE") co_return method_not_allowed(req, path, "DELETE");
-  if (!access.allows(peer)) co_return forbidden(req, path, peer, access);
-  if (auto ok = wire::known_query(query, path, {"commit"}); !ok) co_return error_for(ok.error());
-  if (!repo::valid_model_name(name)) co_return unknown();
-  // ?commit=C removes that one revision; without it, the whole model.
-  const auto commit = wire::commit_param(query);
+  auto plan = co_await c.control.plan(c.arg, *allow_downtime, *commit);
+  if (!plan) co_return error_for(plan.error());
+  co_return json_response(200, wire::to_json(*plan));
+}
+
+boost::asio::awaitable<Response> verify_route(const Call& c) {
+  if (!repo::valid_model_name(c.arg)) co_return unknown_model(c.arg);
+  auto report = co_await c.control.verify(c.arg);
+  if (!report) co_return error_for(report.error());
+  co_return json_response(200, wire::to_json(*report));
+}
+
+// DELETE /v1/models/{name}: ?commit=C removes that one revision; without it, the whole model.
+boost::asio::awaitable<Response> remove_route(const Call& c) {
+  if (!repo::valid_model_name(c.arg)) co_return unknown_model(c.arg);
+  const auto commit = wire::commit_param(c.query);
   if (!commit) co_return error_for(commit.error());
   const std::optional<std::string> one = *commit;
   Result<deploy::Removal> removed = make_error(Errc::internal, "not removed");
   if (one)
-    removed = co_await control.remove_revision(name, *one);
+    removed = co_await c.control.remove_revision(c.arg, *one);
   else
-    removed = co_await control.remove(name);
+    removed = co_await c.control.remove(c.arg);
   if (!removed) co_return error_for(removed.error());
   co_return json_response(200, wire::to_json(*removed));
+}
+
+// The query checks of the table: a route that changes something (or plans) refuses parameters
+// it does not know (wire::known_query).
+Result<void> no_query(std::string_view query, std::string_view path) { return wire::known_query(query, path, {}); }
+
+Result<void> plan_query(std::string_view query, std::string_view path) {
+  return wire::known_query(query, path, {"allow_downtime", "commit"});
+}
+
+Result<void> commit_query(std::string_view query, std::string_view path) {
+  return wire::known_query(query, path, {"commit"});
+}
+
+// The control API (interface.md "Control API"), in the order a 405's Allow header lists methods.
+const std::vector<Route>& route_table() {
+  static const std::vector<Route> table{
+      {"GET", {"metrics"}, Level::read, nullptr, metrics_route},
+      {"GET", {"v1", "status"}, Level::read, nullptr, status_route},
+      {"GET", {"v1", "events"}, Level::read, nullptr, events_route},
+      {"GET", {"v1", "deployments"}, Level::read, nullptr, list_route},
+      {"POST", {"v1", "deployments"}, Level::mutate, no_query, start_route},
+      {"GET", {"v1", "deployments", "{}"}, Level::read, nullptr, deployment_route},
+      {"POST", {"v1", "deployments", "{}", "cancel"}, Level::mutate, no_query, cancel_route},
+      {"GET", {"v1", "models"}, Level::read, nullptr, nullptr, models_route},
+      {"GET", {"v1", "models", "{}", "plan"}, Level::read, plan_query, nullptr, plan_route},
+      {"POST", {"v1", "models", "{}", "verify"}, Level::mutate, no_query, nullptr, verify_route},
+      {"POST", {"v1", "models", "{}", "pull"}, Level::mutate, no_query, nullptr, pull_route},
+      {"POST", {"v1", "models", "{}", "stop"}, Level::mutate, no_query, nullptr, stop_route},
+      {"DELETE", {"v1", "models", "{}"}, Level::mutate, commit_query, nullptr, remove_route},
+  };
+  return table;
+}
+
+// Whether `parts` fits `pattern`; `arg` gets the decoded "{}" segment (a segment that does not
+// decode fits nothing).
+bool matches(const std::vector<std::string_view>& pattern, const std::vector<std::string_view>& parts,
+             std::string& arg) {
+  if (pattern.size() != parts.size()) return false;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (pattern[i] != "{}") {
+      if (pattern[i] != parts[i]) return false;
+      continue;
+    }
+    auto decoded = decode_segment(parts[i]);
+    if (!decoded) return false;
+    arg = std::move(*decoded);
+  }
+  return true;
+}
+
+// The outcome of looking a request up: the row to run (with its argument), or the answer that
+// stands for it (404 no route, 405 with Allow, 403, a refused query).
+struct Lookup {
+  const Route* route = nullptr;
+  std::string arg;
+  std::optional<Response> answer;
+};
+
+// Looks up `req` among the rows `with_async` allows (the sync handle() answers only rows with an
+// immediate handler): path first, then method, access and query, in the order the API checks them.
+Lookup look_up(const Request& req, std::string_view path, std::string_view query, const Peer& peer,
+               const Access& access, bool with_async) {
+  const auto parts = split_path(path);
+  Lookup out;
+  std::vector<std::string_view> allowed;
+  for (const auto& r : route_table()) {
+    std::string arg;
+    if ((!with_async && !r.sync) || !matches(r.pattern, parts, arg)) continue;
+    allowed.push_back(r.method);
+    if (r.method == req.method && !out.route) {
+      out.route = &r;
+      out.arg = std::move(arg);
+    }
+  }
+  if (allowed.empty()) {
+    out.answer = error_for(make_error(Errc::not_found, fmt::format("no route {}", path)));
+  } else if (!out.route) {
+    out.answer = method_not_allowed(req, path, fmt::format("{}", fmt::join(allowed, ", ")));
+  } else if (out.route->level == Level::mutate && !access.allows(peer)) {
+    out.answer = forbidden(req, path, peer, access);
+  } else if (out.route->query) {
+    if (auto ok = out.route->query(query, path); !ok) out.answer = error_for(ok.error());
+  }
+  return out;
+}
+
+// The path and the query of a request target ("/v1/deployments?limit=5").
+std::pair<std::string_view, std::string_view> split_target(std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
+  std::string_view query = path.size() < target.size() ? target.substr(path.size() + 1) : std::string_view{};
+  return {path, query};
+}
+
+}  // namespace
+
+Response handle(const Request& req, const Peer& peer, deploy::Control& control, const Access& access) {
+  const auto [path, query] = split_target(req.target);
+  auto found = look_up(req, path, query, peer, access, false);
+  if (found.answer) return std::move(*found.answer);
+  return found.route->sync(Call{req, path, query, std::move(found.arg), peer, control, access, nullptr});
+}
+
+boost::asio::awaitable<Response> handle_async(Request req, Peer peer, deploy::Control& control, const Access& access,
+                                              HubReads* hub_reads) {
+  // Copies, not a structured binding: GCC 12 keeps a binding out of the coroutine frame.
+  const auto target = split_target(req.target);
+  const std::string_view path = target.first, query = target.second;
+  auto found = look_up(req, path, query, peer, access, true);
+  if (found.answer) co_return std::move(*found.answer);
+  const Call call{req, path, query, std::move(found.arg), peer, control, access, hub_reads};
+  if (found.route->sync) co_return found.route->sync(call);
+  co_return co_await found.route->async(call);
 }
 
 }  // namespace modeld::control
