@@ -59,7 +59,7 @@ struct Response {
   bool event_stream = false;  ///< GET /v1/events: the server subscribes and streams events
 };
 
-/// Answers one request for `peer`: dispatches to the route, checks `access` on mutating
+/// Answers one request for `peer`: looks it up in the route table, checks `access` on mutating
 /// routes (403 forbidden and a journal warning naming the uid), validates bodies and maps
 /// Deployer errors to statuses. Never throws for bad input; unknown routes are 404 not_found,
 /// known routes with another method 405.
