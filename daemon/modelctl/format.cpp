@@ -6,6 +6,7 @@
 #include "util/text.hpp"
 #include "util/quantities.hpp"
 #include "wire/switch_report.hpp"
+#include "wire/models.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -359,33 +360,44 @@ std::string status_text(const json& s, const Style& style) {
 
 namespace {
 
+using modeld::wire::ModelInfo;
+using modeld::wire::PlanReport;
+
+// A string of an answer as modelctl prints it: control characters escaped (see str()).
+std::string esc(const std::string& s) { return modeld::util::escape_control(s); }
+
+// An optional string of an answer, or `fallback` when it is null.
+std::string esc_or(const std::optional<std::string>& s, const std::string& fallback = "-") {
+  return s ? esc(*s) : fallback;
+}
+
+// The first 12 characters of a commit, escaped; "-" when null.
+std::string commit12(const std::optional<std::string>& c) { return c ? esc(c->substr(0, 12)) : "-"; }
+
 // The revisions on disk of every model, one line each, after the models' table: nothing when no
 // model has a revision on disk.
-std::string revisions_table(const json& models) {
+std::string revisions_table(const std::vector<ModelInfo>& models) {
   std::string out;
   for (const auto& m : models)
-    for (const auto& r : m.value("revisions", json::array())) {
+    for (const auto& r : m.revisions) {
       std::string marks;
-      if (r.value("in_service", false)) marks += "  in service";
-      if (r.value("pulled", false)) marks += "  pulled";
-      out += fmt::format("  {}  {}  {}{}\n", str(m, "name"), str(r, "commit"), str(r, "state"), marks);
+      if (r.in_service) marks += "  in service";
+      if (r.pulled) marks += "  pulled";
+      out += fmt::format("  {}  {}  {}{}\n", esc(m.name), esc(r.commit), esc(r.state), marks);
     }
   return out.empty() ? out : "\nRevisions on disk:\n" + out;
 }
 
 }  // namespace
 
-std::string models_table(const json& body, const Style& style) {
+std::string models_table(const std::vector<ModelInfo>& models, const Style& style) {
   std::vector<std::vector<std::string>> rows{
       {"NAME", "STATE", "SIZE", "COMMIT", "ACTIVE", "PINNED", "LAST ACTIVE", "REPO"}};
-  const auto& models = body.value("models", json::array());
   for (const auto& m : models) {
-    rows.push_back({str(m, "name"), style.state(str(m, "state")),
-                    uint(m, "size_bytes") ? modeld::util::format_bytes(uint(m, "size_bytes")) : "-",
-                    short_commit(m.value("commit", json())),
-                    m.value("active", false) ? "yes" : "-", m.value("pinned", false) ? "yes" : "-",
-                    str(m, "last_active"),
-                    str(m, "repo") + (str(m, "revision", "").empty() ? "" : "@" + str(m, "revision"))});
+    rows.push_back({esc(m.name), style.state(esc(m.state)),
+                    m.size_bytes ? modeld::util::format_bytes(m.size_bytes) : "-", commit12(m.commit),
+                    m.active ? "yes" : "-", m.pinned ? "yes" : "-", esc_or(m.last_active),
+                    esc(m.repo) + (m.revision.empty() ? "" : "@" + esc(m.revision))});
   }
   return aligned(rows) + revisions_table(models);
 }
@@ -398,76 +410,80 @@ std::string files(std::uint64_t n) { return fmt::format("{} file{}", n, n == 1 ?
 
 }  // namespace
 
-bool preflight_passed(const json& plan) {
-  const auto& checks = plan.value("preflight", json::array());
-  return std::all_of(checks.begin(), checks.end(), [](const json& c) { return c.value("ok", false); });
+bool preflight_passed(const PlanReport& plan) {
+  return std::all_of(plan.preflight.begin(), plan.preflight.end(), [](const auto& c) { return c.ok; });
 }
 
 namespace {
 
 // The plan's "Pre-flight:" block, one line per check; "" for a daemon that sends none.
-std::string preflight_text(const json& p, const Style& style) {
-  const auto& checks = p.value("preflight", json::array());
-  if (checks.empty()) return {};
+std::string preflight_text(const PlanReport& p, const Style& style) {
+  if (p.preflight.empty()) return {};
   std::string out = "  Pre-flight:\n";
-  for (const auto& c : checks) {
-    const bool ok = c.value("ok", false);
-    std::string verdict = ok ? "ok" : "FAILED";
-    if (style.color) verdict = fmt::format("\x1b[{}m{}\x1b[0m", ok ? 32 : 31, verdict);
-    out += fmt::format("    {:<8} {}: {}\n", str(c, "check"), verdict, str(c, "message"));
+  for (const auto& c : p.preflight) {
+    std::string verdict = c.ok ? "ok" : "FAILED";
+    if (style.color) verdict = fmt::format("\x1b[{}m{}\x1b[0m", c.ok ? 32 : 31, verdict);
+    out += fmt::format("    {:<8} {}: {}\n", esc(c.check), verdict, esc(c.message));
   }
+  return out;
+}
+
+// The plan's head and what it would fetch and keep: up to its "Reserve:" line.
+std::string plan_sizes(const PlanReport& p, const Style& style) {
+  std::string out = fmt::format("Plan for {} ({}@{}, commit {}){}\n", style.bold(esc(p.model)), esc(p.repo),
+                                esc(p.revision), commit12(p.commit), p.allow_downtime ? ", downtime allowed" : "");
+  if (p.already_serving)
+    out += fmt::format("  {} already serves commit {} with the same settings: deploying it changes nothing\n",
+                       esc(p.model), commit12(p.commit));
+  out += fmt::format("  Files:      {}, {}\n", files(p.files_total), bytes(p.bytes_total));
+  if (p.verified)
+    out += "  To fetch:   nothing: this commit is on disk and verified\n";
+  else
+    out += fmt::format("  To fetch:   {}, {}\n", files(p.files_to_fetch), bytes(p.bytes_to_fetch));
+  std::string local = bytes(p.bytes_local);
+  if (p.bytes_linkable > 0) local += fmt::format(" ({} hard-linked from older revisions)", bytes(p.bytes_linkable));
+  out += fmt::format("  Local:      {}\n", local);
+  if (p.adopt_from)
+    out += fmt::format("  Adopt:      {}, {} from {} (hashed at deployment; a file that differs is downloaded)\n",
+                       files(p.files_adoptable), bytes(p.bytes_adoptable), esc(*p.adopt_from));
+  out += fmt::format("  Partial:    {} already downloaded, resumed\n", bytes(p.bytes_partial));
+  out += fmt::format("  Needed:     {} of new disk space\n", bytes(p.bytes_needed));
+  out += fmt::format("  Free:       {}\n", bytes(p.bytes_free));
+  out += fmt::format("  Reserve:    {}\n", bytes(p.disk_reserve));
+  return out;
+}
+
+// The plan's evictions and whether it fits, with the hint that downtime would make it fit.
+std::string plan_fit(const PlanReport& p, const Style& style) {
+  std::vector<std::string> evictions;
+  std::uint64_t evicted = 0;
+  for (const auto& e : p.evictions) {
+    evicted += e.bytes;
+    evictions.push_back(fmt::format("{} ({}{})", esc(e.name), bytes(e.bytes), e.active ? ", the active model" : ""));
+  }
+  std::string out =
+      fmt::format("  Evictions:  {}\n", evictions.empty() ? "none" : fmt::format("{}", fmt::join(evictions, ", ")));
+  const auto available = p.bytes_free > p.disk_reserve ? p.bytes_free - p.disk_reserve : 0;
+  if (p.fits) {
+    out += fmt::format("  Result:     {}\n", style.color ? "\x1b[32mfits\x1b[0m" : "fits");
+  } else {
+    std::string result = fmt::format("does not fit by {}", bytes(p.shortfall_bytes));
+    if (style.color) result = fmt::format("\x1b[31m{}\x1b[0m", result);
+    out += fmt::format("  Result:     {}: needs {}, available {} ({} free minus reserve {}{})\n", result,
+                       bytes(p.bytes_needed), bytes(available + evicted), bytes(p.bytes_free), bytes(p.disk_reserve),
+                       evicted ? fmt::format(", plus {} from evictions", bytes(evicted)) : std::string());
+  }
+  if (!p.fits && p.fits_with_allow_downtime)
+    out += fmt::format("  Hint:       fits with --allow-downtime, which evicts the active model {} (no rollback then)\n",
+                       esc_or(p.active_model, ""));
   return out;
 }
 
 }  // namespace
 
-std::string plan_text(const json& p, const Style& style) {
-  std::string out;
-  out += fmt::format("Plan for {} ({}@{}, commit {}){}\n", style.bold(str(p, "model")), str(p, "repo"),
-                     str(p, "revision"), short_commit(p.value("commit", json())),
-                     p.value("allow_downtime", false) ? ", downtime allowed" : "");
-  if (p.value("already_serving", false))
-    out += fmt::format("  {} already serves commit {} with the same settings: deploying it changes nothing\n",
-                       str(p, "model"), short_commit(p.value("commit", json())));
-  out += fmt::format("  Files:      {}, {}\n", files(uint(p, "files_total")), bytes(uint(p, "bytes_total")));
-  if (p.value("verified", false))
-    out += "  To fetch:   nothing: this commit is on disk and verified\n";
-  else
-    out += fmt::format("  To fetch:   {}, {}\n", files(uint(p, "files_to_fetch")), bytes(uint(p, "bytes_to_fetch")));
-  std::string local = bytes(uint(p, "bytes_local"));
-  if (auto linkable = uint(p, "bytes_linkable"); linkable > 0)
-    local += fmt::format(" ({} hard-linked from older revisions)", bytes(linkable));
-  out += fmt::format("  Local:      {}\n", local);
-  if (const auto& from = p.value("adopt_from", json()); from.is_string())
-    out += fmt::format("  Adopt:      {}, {} from {} (hashed at deployment; a file that differs is downloaded)\n",
-                       files(uint(p, "files_adoptable")), bytes(uint(p, "bytes_adoptable")), str(p, "adopt_from"));
-  out += fmt::format("  Partial:    {} already downloaded, resumed\n", bytes(uint(p, "bytes_partial")));
-  out += fmt::format("  Needed:     {} of new disk space\n", bytes(uint(p, "bytes_needed")));
-  out += fmt::format("  Free:       {}\n", bytes(uint(p, "bytes_free")));
-  out += fmt::format("  Reserve:    {}\n", bytes(uint(p, "disk_reserve")));
-  std::vector<std::string> evictions;
-  std::uint64_t evicted = 0;
-  for (const auto& e : p.value("evictions", json::array())) {
-    evicted += uint(e, "bytes");
-    evictions.push_back(fmt::format("{} ({}{})", str(e, "name"), bytes(uint(e, "bytes")),
-                                    e.value("active", false) ? ", the active model" : ""));
-  }
-  out += fmt::format("  Evictions:  {}\n", evictions.empty() ? "none" : fmt::format("{}", fmt::join(evictions, ", ")));
-  const auto free = uint(p, "bytes_free"), reserve = uint(p, "disk_reserve");
-  const auto available = free > reserve ? free - reserve : 0;
-  if (p.value("fits", false)) {
-    out += fmt::format("  Result:     {}\n", style.color ? "\x1b[32mfits\x1b[0m" : "fits");
-  } else {
-    std::string result = fmt::format("does not fit by {}", bytes(uint(p, "shortfall_bytes")));
-    if (style.color) result = fmt::format("\x1b[31m{}\x1b[0m", result);
-    out += fmt::format("  Result:     {}: needs {}, available {} ({} free minus reserve {}{})\n", result,
-                       bytes(uint(p, "bytes_needed")), bytes(available + evicted), bytes(free), bytes(reserve),
-                       evicted ? fmt::format(", plus {} from evictions", bytes(evicted)) : std::string());
-  }
-  if (!p.value("fits", false) && p.value("fits_with_allow_downtime", false))
-    out += fmt::format("  Hint:       fits with --allow-downtime, which evicts the active model {} (no rollback then)\n",
-                       str(p, "active_model", ""));
-  const std::string warming = str(p, "warming", "");
+std::string plan_text(const PlanReport& p, const Style& style) {
+  std::string out = plan_sizes(p, style) + plan_fit(p, style);
+  const std::string warming = esc(p.warming);
   if (warming == "in_outage")
     out += "  Warming:    after the active model stops (it is evicted): adds to the outage\n";
   else if (warming == "off")
@@ -475,32 +491,30 @@ std::string plan_text(const json& p, const Style& style) {
   else if (!warming.empty())
     out += "  Warming:    before the old model stops, while it serves\n";
   out += preflight_text(p, style);
-  const std::string active = str(p, "active_model", "");
+  const std::string active = esc_or(p.active_model, "");
   if (active.empty())
     out += "  Rollback:   - (no model active)\n";
-  else if (p.value("rollback_possible", true))
+  else if (p.rollback_possible)
     out += fmt::format("  Rollback:   possible ({} is kept)\n", active);
   else
     out += fmt::format("  Rollback:   not possible: the active model {} would be evicted\n", active);
   return out;
 }
 
-std::string verify_text(const json& r, const Style& style) {
-  std::string out;
-  const auto& problems = r.value("problems", json::array());
+std::string verify_text(const modeld::wire::VerifyReport& r, const Style& style) {
+  const auto& problems = r.problems;
   const std::string summary =
       problems.empty() ? style.state("verified")
                        : fmt::format("{} problem{}", problems.size(), problems.size() == 1 ? "" : "s");
-  out += fmt::format("{} at {}: {}, {}: {}\n", str(r, "model"), short_commit(r.value("commit", json())),
-                     files(uint(r, "files")), bytes(uint(r, "bytes")), summary);
-  for (const auto& p : problems) out += fmt::format("  {}: {}\n", str(p, "code"), str(p, "message"));
+  std::string out = fmt::format("{} at {}: {}, {}: {}\n", esc(r.model), commit12(r.commit), files(r.files),
+                                bytes(r.bytes), summary);
+  for (const auto& p : problems) out += fmt::format("  {}: {}\n", esc(p.code), esc(p.message));
   return out;
 }
 
-std::string removal_text(const json& r) {
-  const auto& commits = r.value("commits", json::array());
-  return fmt::format("Removed {}: {} revision{}, {} freed\n", str(r, "model"), commits.size(),
-                     commits.size() == 1 ? "" : "s", bytes(uint(r, "bytes_freed")));
+std::string removal_text(const modeld::wire::Removal& r) {
+  return fmt::format("Removed {}: {} revision{}, {} freed\n", esc(r.model), r.commits.size(),
+                     r.commits.size() == 1 ? "" : "s", bytes(r.bytes_freed));
 }
 
 }  // namespace modelctl

@@ -1,6 +1,8 @@
 #pragma once
 // modelctl's human output: the API's JSON turned into the lines and tables a person reads.
 
+#include "wire/models.hpp"
+
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstddef>
@@ -82,21 +84,21 @@ std::string services_line(const nlohmann::json& services);
 std::string status_text(const nlohmann::json& status, const Style& style);
 
 /// The body of GET /v1/models as an aligned table with a header row.
-std::string models_table(const nlohmann::json& models, const Style& style);
+std::string models_table(const std::vector<modeld::wire::ModelInfo>& models, const Style& style);
 
 /// The body of GET /v1/models/{name}/plan as a short table: files and bytes to fetch, local,
 /// partial, free, reserve, evictions, "fits" or "does not fit by X" (with bytes needed and
 /// available), the pre-flight (a "Pre-flight:" block, one "ok"/"FAILED" line per check), and
 /// whether rollback stays possible.
-std::string plan_text(const nlohmann::json& plan, const Style& style);
+std::string plan_text(const modeld::wire::PlanReport& plan, const Style& style);
 
 /// Whether every pre-flight check of a plan passed (true for a plan without "preflight").
-bool preflight_passed(const nlohmann::json& plan);
+bool preflight_passed(const modeld::wire::PlanReport& plan);
 
 /// The body of POST /v1/models/{name}/verify: one summary line, then one line per problem.
-std::string verify_text(const nlohmann::json& report, const Style& style);
+std::string verify_text(const modeld::wire::VerifyReport& report, const Style& style);
 
 /// The body of DELETE /v1/models/{name} as one line.
-std::string removal_text(const nlohmann::json& removal);
+std::string removal_text(const modeld::wire::Removal& removal);
 
 }  // namespace modelctl

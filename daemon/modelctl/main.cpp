@@ -54,6 +54,18 @@ std::optional<json> parse_body(const modelctl::Reply& r) {
   return j;
 }
 
+// The answer `j` read as the wire type T by `parse`; nullopt, with the contract's one line on
+// stderr, when it is not one (a daemon of another version).
+template <class T>
+std::optional<T> read_answer(const json& j, modeld::Result<T> (*parse)(const json&)) {
+  auto v = parse(j);
+  if (!v) {
+    fmt::print(stderr, "modelctl: modeld answered with a body modelctl cannot read: {}\n", v.error().message);
+    return std::nullopt;
+  }
+  return std::move(*v);
+}
+
 void print_raw(const std::string& body) {
   std::fputs(body.c_str(), stdout);
   if (body.empty() || body.back() != '\n') std::fputc('\n', stdout);
@@ -92,7 +104,14 @@ int show(Context& c, const char* path, std::string (*render)(const json&, const 
 
 int cmd_status(Context& c) { return show(c, "/v1/status", modelctl::status_text); }
 
-int cmd_models(Context& c) { return show(c, "/v1/models", modelctl::models_table); }
+// GET /v1/models read as wire::ModelInfo and shown as models_table(); "" (and the line on stderr
+// read_answer() prints) for an answer modelctl cannot read.
+std::string models_text(const json& j, const modelctl::Style& style) {
+  auto models = read_answer(j, modeld::wire::models_from_json);
+  return models ? modelctl::models_table(*models, style) : std::string();
+}
+
+int cmd_models(Context& c) { return show(c, "/v1/models", models_text); }
 
 // Shows a deployment's phases and download progress: phases as lines that stay; progress on a
 // terminal as a block (the whole download and each file in flight, with bars) redrawn in place
@@ -388,21 +407,25 @@ int model_request_failed(const Context& c, const modelctl::Reply& r) {
 }
 
 // plan, verify and rm: one request that may take long (verify hashes the whole checkpoint), the
-// answer printed raw (--json) or as `text`; exit 0 when `ok` says the answer is good.
+// answer read as T by `parse` and printed raw (--json) or as `text`; exit 0 when `ok` says the
+// answer is good.
+template <class T>
 int model_command(Context& c, const char* method, const std::string& target,
-                  const std::function<std::string(const json&)>& text,
-                  const std::function<bool(const json&)>& ok) {
+                  modeld::Result<T> (*parse)(const json&), const std::function<std::string(const T&)>& text,
+                  const std::function<bool(const T&)>& ok) {
   Daemon slow(c.daemon.socket_path(), slow_timeout);
   auto r = slow.call(method, target);
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 200) return model_request_failed(c, *r);
   auto j = parse_body(*r);
   if (!j) return exit_failed;
+  auto answer = read_answer(*j, parse);
+  if (!answer) return exit_failed;
   if (c.json)
     print_raw(r->body);
   else
-    std::fputs(text(*j).c_str(), stdout);
-  return ok(*j) ? exit_ok : exit_failed;
+    std::fputs(text(*answer).c_str(), stdout);
+  return ok(*answer) ? exit_ok : exit_failed;
 }
 
 std::string model_target(const std::string& name) { return "/v1/models/" + modeld::util::url_encode_segment(name); }
@@ -411,23 +434,26 @@ int cmd_plan(Context& c, const std::string& name, bool allow_downtime, const std
   std::vector<std::string> params;
   if (allow_downtime) params.emplace_back("allow_downtime=true");
   if (!commit.empty()) params.push_back("commit=" + commit);
-  return model_command(
+  using modeld::wire::PlanReport;
+  return model_command<PlanReport>(
       c, "GET", model_target(name) + "/plan" + (params.empty() ? "" : fmt::format("?{}", fmt::join(params, "&"))),
-      [&](const json& j) { return modelctl::plan_text(j, c.style); },
-      [](const json& j) { return j.value("fits", false) && modelctl::preflight_passed(j); });
+      modeld::wire::plan_from_json, [&](const PlanReport& p) { return modelctl::plan_text(p, c.style); },
+      [](const PlanReport& p) { return p.fits && modelctl::preflight_passed(p); });
 }
 
 int cmd_verify(Context& c, const std::string& name) {
-  return model_command(
-      c, "POST", model_target(name) + "/verify", [&](const json& j) { return modelctl::verify_text(j, c.style); },
-      [](const json& j) { return j.value("ok", false); });
+  using modeld::wire::VerifyReport;
+  return model_command<VerifyReport>(
+      c, "POST", model_target(name) + "/verify", modeld::wire::verify_from_json,
+      [&](const VerifyReport& r) { return modelctl::verify_text(r, c.style); },
+      [](const VerifyReport& r) { return r.ok(); });
 }
 
 int cmd_rm(Context& c, const std::string& name, const std::string& commit) {
-  return model_command(
-      c, "DELETE", model_target(name) + (commit.empty() ? "" : "?commit=" + commit),
-      [](const json& j) { return modelctl::removal_text(j); },
-      [](const json&) { return true; });
+  using modeld::wire::Removal;
+  return model_command<Removal>(
+      c, "DELETE", model_target(name) + (commit.empty() ? "" : "?commit=" + commit), modeld::wire::removal_from_json,
+      [](const Removal& r) { return modelctl::removal_text(r); }, [](const Removal&) { return true; });
 }
 
 // The command line: global options, the subcommand given and its arguments.

@@ -9,6 +9,7 @@
 #include "modelctl/live.hpp"
 #include "util/json.hpp"
 #include "util/text.hpp"
+#include "wire/models.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -129,10 +130,10 @@ class Watcher {
   int check_model() {
     auto r = daemon_.call("GET", "/v1/models");
     if (!r) return report_unreachable(daemon_, r.error());
-    auto j = json::parse(r->body, nullptr, false);
-    if (r->status == 200 && j.is_object())
-      for (const auto& m : j.value("models", json::array()))
-        if (str(m, "name", "") == o_.model) return exit_ok;
+    auto models = modeld::wire::models_from_json(json::parse(r->body, nullptr, false));
+    if (r->status == 200 && models)
+      for (const auto& m : *models)
+        if (m.name == o_.model) return exit_ok;
     fmt::print(stderr, "modelctl: unknown model {}\n", o_.model);
     return exit_refused;
   }

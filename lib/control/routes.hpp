@@ -7,7 +7,6 @@
 #include "util/error.hpp"
 
 #include <boost/asio/awaitable.hpp>
-#include <nlohmann/json_fwd.hpp>
 
 #include <sys/types.h>
 
@@ -60,7 +59,7 @@ struct Response {
   bool event_stream = false;  ///< GET /v1/events: the server subscribes and streams events
 };
 
-/// Answers one request for `peer`: dispatches to the route, checks `access` on mutating
+/// Answers one request for `peer`: looks it up in the route table, checks `access` on mutating
 /// routes (403 forbidden and a journal warning naming the uid), validates bodies and maps
 /// Deployer errors to statuses. Never throws for bad input; unknown routes are 404 not_found,
 /// known routes with another method 405.
@@ -78,11 +77,6 @@ class HubReads;
 boost::asio::awaitable<Response> handle_async(Request request, Peer peer, deploy::Control& control,
                                               const Access& access, HubReads* hub_reads = nullptr);
 
-/// The JSON bodies of the plan, verify and rm routes (docs/interface.md "Added by this project").
-nlohmann::json plan_json(const deploy::PlanReport& plan);
-nlohmann::json verify_json(const deploy::VerifyReport& report);
-nlohmann::json removal_json(const deploy::Removal& removal);
-
 /// The HTTP status that stands for `code` in the API (unknown_model 404, deployment_running
 /// 409, forbidden 403, bad_request 400, too_many_requests 429, ..., 500 for failures that are
 /// not the caller's).
@@ -91,7 +85,7 @@ unsigned http_status(Errc code) noexcept;
 /// An error response: `status` with body {"error": {"code", "message"}}.
 Response error_response(unsigned status, const Error& error);
 
-/// Formats one SSE message: sse_frame of the event's name and deploy::event_json's text; empty
+/// Formats one SSE message: sse_frame of the event's name and wire::to_json's text; empty
 /// for a watcher event, which the stream does not carry.
 std::string sse_message(const deploy::Event& event);
 

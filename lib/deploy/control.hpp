@@ -4,9 +4,12 @@
 
 #include "deploy/deployment.hpp"
 #include "util/error.hpp"
+#include "wire/event.hpp"
+#include "wire/models.hpp"
+#include "wire/request.hpp"
+#include "wire/status.hpp"
 
 #include <boost/asio/awaitable.hpp>
-#include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -18,185 +21,26 @@
 
 namespace modeld::deploy {
 
-/// The model in service now.
-struct Active {
-  std::string model;
-  std::string commit;
-  std::string unit;
-  std::uint16_t port = 0;
-  std::string since;  ///< RFC 3339
-};
+// The API's answers, events and requests, defined once in the wire stage (lib/wire).
+using wire::Active;
+using wire::DeployRequest;
+using wire::Event;
+using wire::EventKind;
+using wire::ModelInfo;
+using wire::PlannedEviction;
+using wire::PlanReport;
+using wire::PreflightCheck;
+using wire::Removal;
+using wire::RevisionInfo;
+using wire::ServiceInfo;
+using wire::VerifyProblem;
+using wire::VerifyReport;
+using wire::WatchdogStatus;
+using wire::to_json;    // again: the overloads of the headers above join record.hpp's
+using wire::to_string;
 
-/// One revision of a model on disk (GET /v1/models "revisions").
-struct RevisionInfo {
-  std::string commit;
-  std::string state;        ///< "partial", "verified" or "corrupt"
-  bool pulled = false;      ///< pulled ahead and not deployed or removed since
-  bool in_service = false;  ///< the commit of the model in service
-};
-
-/// One configured model and what is on disk for it (GET /v1/models).
-struct ModelInfo {
-  std::string name, repo, revision;
-  std::optional<std::string> commit;  ///< the verified commit on disk, if any
-  std::string state;                  ///< "absent", "partial", "verified", "corrupt"
-  std::uint64_t size_bytes = 0;
-  bool active = false;
-  bool pinned = false;
-  std::optional<std::string> last_active;  ///< RFC 3339
-  std::vector<RevisionInfo> revisions;     ///< every revision on disk, by commit
-};
-
-/// A model that a plan would delete to make room, in the order it would go.
-struct PlannedEviction {
-  std::string name;
-  std::uint64_t bytes = 0;                 ///< what deleting it frees
-  std::optional<std::string> last_active;  ///< RFC 3339; nullopt when it never served
-  bool active = false;                     ///< a model in service that the deployment stops (only with allow_downtime)
-};
-
-/// One check of the pre-flight (interface.md "Pre-flight"): what a deployment checks before it
-/// stops anything.
-struct PreflightCheck {
-  std::string check;    ///< "command", "gpus" or "port"
-  bool ok = true;       ///< passed, or could not be checked (the message says which)
-  std::string message;  ///< a sentence; a failure names the key (models.NAME.serve.port) and its file
-};
-
-/// The outcome of a dry run of planning and freeing_disk (GET /v1/models/{name}/plan).
-/// All sizes in bytes.
-struct PlanReport {
-  std::string model, repo, revision;
-  std::string commit;                 ///< what the revision resolves to now
-  bool verified = false;              ///< that commit is on disk and verified: nothing to do
-  std::uint64_t files_total = 0;      ///< files that pass include/exclude
-  std::uint64_t bytes_total = 0;
-  std::uint64_t files_to_fetch = 0;   ///< not on disk, and not hard-linkable from an older revision
-  std::uint64_t bytes_to_fetch = 0;
-  std::uint64_t bytes_local = 0;      ///< bytes_total - bytes_to_fetch: present or linkable
-  std::uint64_t bytes_linkable = 0;   ///< part of bytes_local: hard links from older verified revisions
-  std::uint64_t bytes_partial = 0;    ///< of partial downloads already on disk (resumed, not fetched again)
-  std::optional<std::string> adopt_from;  ///< a folder made outside modeld at models_dir/NAME, when there is one
-  std::uint64_t files_adoptable = 0;  ///< files there with the listed size, not known to differ (hashed at deployment)
-  std::uint64_t bytes_adoptable = 0;  ///< part of bytes_local
-  std::uint64_t bytes_needed = 0;     ///< bytes_to_fetch - bytes_partial: new disk space the download takes
-  std::uint64_t bytes_free = 0;       ///< statvfs f_bavail of models_dir
-  std::uint64_t disk_reserve = 0;
-  std::vector<PlannedEviction> evictions;
-  bool fits = false;
-  std::uint64_t shortfall_bytes = 0;  ///< when it does not fit: what is missing even after every eviction
-  bool allow_downtime = false;
-  std::optional<std::string> active_model;  ///< the model in service when planned (of several, the one put into service last)
-  /// The services a deployment would stop: those in conflict with the model (same model, GPUs
-  /// that overlap, or the same port); every other keeps serving.
-  std::vector<std::string> stops;
-  bool rollback_possible = true;      ///< false when the plan evicts a model it stops
-  /// When warming would run: "before_stop" (while the old model serves), "in_outage" (after
-  /// allow_downtime stopped the evicted active model: it adds to the outage) or "off" (serve.warm).
-  std::string warming = "before_stop";
-  /// Without allow_downtime and not fitting: whether evicting the active model would make it fit.
-  bool fits_with_allow_downtime = false;
-  /// A deployment of this commit would end succeeded with changed false: the model serves it with
-  /// the same started settings, its unit is active, its files match and its probe passes.
-  bool already_serving = false;
-  /// The pre-flight a deployment runs in planning and before stopping_old, in order.
-  std::vector<PreflightCheck> preflight;
-};
-
-/// One thing wrong with a model on disk (POST /v1/models/{name}/verify).
-struct VerifyProblem {
-  std::string code;     ///< Errc name: checksum_mismatch, size_mismatch, checkpoint_incomplete, ...
-  std::string file;     ///< repository-relative path
-  std::string tensor;   ///< empty when not about one tensor
-  std::string message;  ///< sentence naming file and tensor
-};
-
-/// The outcome of re-hashing and re-checking one revision on disk.
-struct VerifyReport {
-  std::string model, commit;
-  std::uint64_t files = 0;  ///< files checked
-  std::uint64_t bytes = 0;  ///< bytes hashed (hard-linked files counted once per path)
-  std::vector<VerifyProblem> problems;
-  bool ok() const { return problems.empty(); }
-};
-
-/// What rm deleted (DELETE /v1/models/{name}).
-struct Removal {
-  std::string model;
-  std::uint64_t bytes_freed = 0;
-  std::vector<std::string> commits;  ///< revisions deleted
-};
-
-/// The post-deploy watchdog of one model (GET /v1/status "watchdog", GET /metrics).
-struct WatchdogStatus {
-  std::string model;
-  std::string unit;
-  std::string state = "stopped";  ///< "watching", "restarting", "backoff" or "stopped"
-  unsigned consecutive_failures = 0;  ///< failed probes in a row now
-  std::uint64_t restarts = 0;         ///< restarts by the watchdog since the daemon started
-  std::uint64_t probe_failures = 0;   ///< failed probes since the daemon started
-  std::optional<std::string> last_restart_at;      ///< RFC 3339
-  std::optional<std::string> last_restart_reason;  ///< the probe's answer, or the unit's state and exit
-  std::optional<std::string> last_probe_at;        ///< RFC 3339
-  std::optional<bool> last_probe_ok;
-  std::optional<double> last_probe_seconds;  ///< how long the last probe took, in seconds
-};
-
-/// One service in service (GET /v1/status "services"), with what it was started with.
-struct ServiceInfo {
-  std::string model;
-  std::string commit;
-  std::string unit;
-  std::uint16_t port = 0;                           ///< the port it was started on
-  std::optional<std::vector<unsigned>> gpu_ids;      ///< NVML indices it was given; nullopt: every GPU
-  std::string since;                                ///< RFC 3339: when it was put into service
-  std::optional<WatchdogStatus> watchdog;           ///< its model watcher's record; nullopt when never watched
-};
-
-/// What an Event reports: a deployment entered a phase, made download progress or changed
-/// state (the SSE stream's "phase", "progress" and "state"), or the model watcher's record of the
-/// active model changed ("watcher": not sent on the SSE stream, which the contract fixes).
-enum class EventKind { phase, progress, state, watcher };
-
-/// The SSE event name of `k`: "phase", "progress", "state" or "watcher".
-std::string_view to_string(EventKind k) noexcept;
-
-/// One event of the Deployer, as fields; JSON is made only where it leaves the daemon (event_json).
-struct Event {
-  EventKind kind = EventKind::phase;
-  std::string id;     ///< the deployment's id; empty for watcher events
-  std::string model;  ///< the deployment's model, or the watched model
-  /// phase: the phase begun; progress: the phase the progress belongs to; state: the phase the
-  /// deployment is in (or ended in).
-  Phase phase = Phase::planning;
-  State state = State::running;   ///< state events: the new state
-  std::optional<Error> error;     ///< state events: why it failed, was cancelled or rolled back
-  Progress progress;              ///< progress events: the download's progress
-  std::optional<WarmReport> warm;  ///< progress events of the warming phase: its figures
-  std::optional<WatchdogStatus> watcher;  ///< watcher events: the model watcher's record now
-};
-
-/// The watchdog record as GET /v1/status's "watchdog" shows it (interface.md).
-nlohmann::json to_json(const WatchdogStatus& w);
-
-/// The event `kind` of deployment `d`, its fields copied from the record.
+/// The event `kind` of deployment `d`, its fields copied from the record; pure.
 Event deployment_event(EventKind kind, const Deployment& d);
-
-/// The SSE stream's data of a phase, progress or state event, as the contract fixes it:
-/// {id, model, phase}, {id, model, progress} (plus "phase" and "warm" in the warming phase) or
-/// {id, model, state, phase, error}; a watcher
-/// event gives {model, watchdog} (the record as GET /v1/status's "watchdog" has it, never sent).
-nlohmann::json event_json(const Event& e);
-
-/// What `POST /v1/deployments` asks for (interface.md "Control API"), or `POST
-/// /v1/models/{name}/pull` (kind pull).
-struct DeployRequest {
-  std::string model;
-  bool allow_downtime = false;
-  bool restart = false;  ///< restart the model even when it already serves that commit with the same settings
-  Kind kind = Kind::deploy;
-  std::optional<std::string> commit;  ///< "commit": exactly this commit (40 lowercase hex), not the branch
-};
 
 /// What the control plane may ask of the Deployer; all calls happen on the io_context thread
 /// (named Control, not Engine: in modeld "engine" means the inference server, vLLM or SGLang).

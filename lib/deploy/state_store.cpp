@@ -1,4 +1,5 @@
 #include "deploy/state_store.hpp"
+#include "deploy/record_file.hpp"
 #include "util/json.hpp"
 
 #include "sys/log.hpp"
@@ -169,7 +170,7 @@ Result<void> StateStore::save(const DaemonState& s) {
 
 Result<void> StateStore::save_deployment(const Deployment& d, std::size_t keep) {
   auto r = util::write_file_atomically(dir_ / "deployments" / (d.id + ".json"),
-                                       util::dump_json(to_json(d, true), 2) + "\n", 0600);
+                                       util::dump_json(record_file_json(d), 2) + "\n", 0600);
   if (!r) return r;
   std::vector<fs::path> files;
   std::error_code ec;
@@ -186,7 +187,7 @@ Result<Deployment> read_deployment_file(const fs::path& path) {
   auto text = util::read_file(path);
   if (!text) return text.error();
   try {
-    auto d = deployment_from_json(nlohmann::json::parse(*text));
+    auto d = record_from_file_json(nlohmann::json::parse(*text));
     if (!d) return make_error(d.error().code, path.string() + ": " + d.error().message);
     return d;
   } catch (const nlohmann::json::exception& e) {

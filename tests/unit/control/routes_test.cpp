@@ -424,7 +424,7 @@ TEST_CASE("typed events become the contract's SSE text, and watcher events none"
   w.model = "llama";
   w.watcher = deploy::WatchdogStatus{};
   CHECK(sse_message(w).empty());
-  CHECK(deploy::event_json(w)["watchdog"]["state"] == "stopped");
+  CHECK(deploy::to_json(w)["watchdog"]["state"] == "stopped");
 }
 
 TEST_CASE("metrics are a valid Prometheus exposition with HELP and TYPE lines") {

@@ -289,7 +289,7 @@ struct Fixture {
       watcher_events.push_back(e);
       return;
     }
-    const std::string text = util::dump_json(deploy::event_json(e));
+    const std::string text = util::dump_json(deploy::to_json(e));
     texts.emplace_back(deploy::to_string(e.kind), text);
     auto j = nlohmann::json::parse(text);
     if (e.kind == deploy::EventKind::phase) {
@@ -732,7 +732,7 @@ TEST_CASE("a cancelled deployment's state event carries the error object") {
   REQUIRE(end.error);
   CHECK(fx.texts.back() == std::pair<std::string, std::string>{
                                "state", fmt::format(R"({{"error":{},"id":"{}","model":"new","phase":"{}","state":"cancelled"}})",
-                                                    deploy::error_json(*end.error).dump(), d.id,
+                                                    deploy::to_json(*end.error).dump(), d.id,
                                                     deploy::to_string(end.phase))});
 }
 
@@ -770,7 +770,7 @@ TEST_CASE("the model watcher's record changes reach listeners as watcher events"
   CHECK(e.id.empty());
   REQUIRE(e.watcher);
   CHECK(e.watcher->model == "old");
-  CHECK(deploy::event_json(e)["watchdog"]["model"] == "old");
+  CHECK(deploy::to_json(e)["watchdog"]["model"] == "old");
 }
 
 TEST_CASE("with allow_downtime and room for both models the order is the same and nothing is evicted") {

@@ -1,4 +1,5 @@
 #include "deploy/deployment.hpp"
+#include "deploy/record_file.hpp"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -50,7 +51,7 @@ TEST_CASE("a deployment written with its bookkeeping reads back the same") {
   d.finished_at = "2026-11-29T19:40:42Z";
   d.previous = {ActiveRecord{"old", std::string(40, 'b'), "2026-11-29T19:00:00Z"}};
   d.old_stopped = true;
-  auto back = deployment_from_json(to_json(d, true));
+  auto back = record_from_file_json(record_file_json(d));
   REQUIRE(back.has_value());
   CHECK(back->commit == d.commit);
   CHECK(back->phase == Phase::launching);
@@ -69,18 +70,18 @@ TEST_CASE("a record keeps every service it stops, in order, and reads the one of
   d.model = "d";
   d.started_at = "2026-11-29T19:39:42Z";
   d.previous = {ActiveRecord{"a", std::string(40, 'a'), "s1"}, ActiveRecord{"b", std::string(40, 'b'), "s2"}};
-  auto back = deployment_from_json(to_json(d, true));
+  auto back = record_from_file_json(record_file_json(d));
   REQUIRE(back.has_value());
   REQUIRE(back->previous.size() == 2);
   CHECK(back->previous[0].model == "a");
   CHECK(back->previous[1].model == "b");
   CHECK(back->previous[1].since == "s2");
-  auto older = to_json(d, true);
+  auto older = record_file_json(d);
   older.erase("previous");
   older["previous_model"] = "old";
   older["previous_commit"] = std::string(40, 'c');
   older["previous_started"] = to_json(StartedSettings{{"srv"}, {}, "/m/old", 0});
-  auto read = deployment_from_json(older);
+  auto read = record_from_file_json(older);
   REQUIRE(read.has_value());
   REQUIRE(read->previous.size() == 1);
   CHECK(read->previous.front().model == "old");
@@ -90,17 +91,17 @@ TEST_CASE("a record keeps every service it stops, in order, and reads the one of
 }
 
 TEST_CASE("a malformed deployment record is refused with a message") {
-  auto r = deployment_from_json(nlohmann::json{{"id", "x"}});
+  auto r = record_from_file_json(nlohmann::json{{"id", "x"}});
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code == Errc::bad_request);
   auto bad_phase = nlohmann::json::parse(R"({"id":"x","model":"m","commit":null,"phase":"dancing","state":"running",
     "progress":{"bytes_done":0,"bytes_total":0,"files_done":0,"files_total":0,"rate_bytes_per_s":0,"eta_s":null},
     "error":null,"started_at":"","finished_at":null})");
-  CHECK_FALSE(deployment_from_json(bad_phase).has_value());
+  CHECK_FALSE(record_from_file_json(bad_phase).has_value());
 }
 
 TEST_CASE("error objects use the stable snake_case code") {
-  auto j = error_json(Error{Errc::deployment_running, "busy"});
+  auto j = to_json(Error{Errc::deployment_running, "busy"});
   CHECK(j["code"] == "deployment_running");
   CHECK(j["message"] == "busy");
 }
@@ -130,22 +131,22 @@ TEST_CASE("a record keeps its kind, shown in the API, and whether its cleanup be
   d.model = "m";
   d.started_at = "2026-11-29T19:39:42Z";
   d.cleanup_begun = true;
-  auto j = to_json(d, true);
+  auto j = record_file_json(d);
   CHECK(j["kind"] == "deploy");
   CHECK(to_json(d)["kind"] == "deploy");  // the API's DEPLOYMENT names it (issue 15: pull records)
   CHECK_FALSE(to_json(d).contains("cleanup_begun"));  // internal
-  auto back = deployment_from_json(j);
+  auto back = record_from_file_json(j);
   REQUIRE(back.has_value());
   CHECK(back->kind == Kind::deploy);
   CHECK(back->cleanup_begun);
   j.erase("kind");
   j.erase("cleanup_begun");
-  auto old = deployment_from_json(j);
+  auto old = record_from_file_json(j);
   REQUIRE(old.has_value());
   CHECK(old->kind == Kind::deploy);
   CHECK_FALSE(old->cleanup_begun);
   j["kind"] = "teleport";
-  CHECK_FALSE(deployment_from_json(j).has_value());
+  CHECK_FALSE(record_from_file_json(j).has_value());
 }
 
 TEST_CASE("a record keeps whether it changed anything, its warming and its switch, and older records read as changed with neither") {
@@ -161,7 +162,7 @@ TEST_CASE("a record keeps whether it changed anything, its warming and its switc
   CHECK(j["warm"]["bytes_warmed"] == 60);
   CHECK(j["warm"]["bytes_resident_at_launch"].is_null());
   CHECK(j["switch"]["downtime_s"] == 12.5);
-  auto back = deployment_from_json(to_json(d, true));
+  auto back = record_from_file_json(record_file_json(d));
   REQUIRE(back.has_value());
   CHECK_FALSE(back->changed);
   REQUIRE(back->warm);
@@ -169,11 +170,11 @@ TEST_CASE("a record keeps whether it changed anything, its warming and its switc
   CHECK_FALSE(back->warm->bytes_resident_at_launch);
   REQUIRE(back->switch_report);
   CHECK(back->switch_report->port_to_ready_s == 5);
-  auto old = to_json(d, true);
+  auto old = record_file_json(d);
   old.erase("changed");
   old.erase("warm");
   old.erase("switch");
-  auto older = deployment_from_json(old);
+  auto older = record_from_file_json(old);
   REQUIRE(older.has_value());
   CHECK(older->changed);
   CHECK_FALSE(older->warm);
@@ -223,14 +224,14 @@ TEST_CASE("a record keeps its switch marks as bookkeeping, never in the API, and
   d.started_at = "2026-01-01T00:00:00Z";
   d.switch_marks = SwitchMarks{1, 2, 3, 4, 5};
   CHECK_FALSE(to_json(d).contains("switch_marks"));
-  auto back = deployment_from_json(to_json(d, true));
+  auto back = record_from_file_json(record_file_json(d));
   REQUIRE(back.has_value());
   CHECK(back->switch_marks.stop_requested_ns == 1);
   CHECK(back->switch_marks.stop_done_ns == 2);
   CHECK(back->switch_marks.start_requested_ns == 3);
   CHECK(back->switch_marks.port_ns == 4);
   CHECK(back->switch_marks.ready_ns == 5);
-  auto older = deployment_from_json(to_json(d, false));
+  auto older = record_from_file_json(to_json(d));
   REQUIRE(older.has_value());
   CHECK(older->switch_marks.ready_ns == 0);
 }
@@ -242,7 +243,7 @@ TEST_CASE("a record keeps whether a restart was asked for and the previous servi
   d.started_at = "2026-11-29T19:39:42Z";
   d.restart = true;
   d.previous = {ActiveRecord{"old", std::string(40, 'b'), "", StartedSettings{{"srv"}, {{"A", "1"}}, "/m/m", 0}}};
-  auto back = deployment_from_json(to_json(d, true));
+  auto back = record_from_file_json(record_file_json(d));
   REQUIRE(back.has_value());
   CHECK(back->restart);
   REQUIRE(back->previous.size() == 1);
@@ -255,10 +256,10 @@ TEST_CASE("a record keeps whether a restart was asked for and the previous servi
   plain.id = "y";
   plain.model = "m";
   plain.started_at = d.started_at;
-  auto older = to_json(plain, true);
+  auto older = record_file_json(plain);
   older.erase("restart");
   older.erase("previous");
-  auto read = deployment_from_json(older);
+  auto read = record_from_file_json(older);
   REQUIRE(read.has_value());
   CHECK_FALSE(read->restart);
   CHECK(read->previous.empty());
@@ -271,14 +272,14 @@ TEST_CASE("an end not logged yet is kept in state_dir's record and never shown b
   d.state = State::succeeded;
   d.started_at = "2026-01-01T00:00:00Z";
   d.end_unlogged = true;
-  CHECK(to_json(d, true).at("end_unlogged") == true);
+  CHECK(record_file_json(d).at("end_unlogged") == true);
   CHECK_FALSE(to_json(d).contains("end_unlogged"));
-  auto back = deployment_from_json(to_json(d, true));
+  auto back = record_from_file_json(record_file_json(d));
   REQUIRE(back.has_value());
   CHECK(back->end_unlogged);
   d.end_unlogged = false;
-  CHECK_FALSE(to_json(d, true).contains("end_unlogged"));  // a logged record's file is unchanged
-  auto logged = deployment_from_json(to_json(d, true));
+  CHECK_FALSE(record_file_json(d).contains("end_unlogged"));  // a logged record's file is unchanged
+  auto logged = record_from_file_json(record_file_json(d));
   REQUIRE(logged.has_value());
   CHECK_FALSE(logged->end_unlogged);
 }
