@@ -342,7 +342,9 @@ struct FaultyReads {
 
 TEST_CASE("a read error ends warming with the file, the offset and the errno, and no file counts as warmed") {
   Folder f;
-  const auto a = f.cold_file("a.safetensors", 4 * MiB), b = f.cold_file("b.safetensors", 4 * MiB),
+  // b is long enough that the kernel's readahead past the bad sector cannot reach its end (with
+  // 4 MiB, the readahead of the 2 MiB read before the error brought in all of it once, under -j2).
+  const auto a = f.cold_file("a.safetensors", 4 * MiB), b = f.cold_file("b.safetensors", 16 * MiB),
              c = f.cold_file("c.safetensors", 4 * MiB);
   FaultyReads faults;
   faults.bad = b;
@@ -367,7 +369,7 @@ TEST_CASE("a read error ends warming with the file, the offset and the errno, an
   CHECK(resident(c) == 0);        // nothing after it
   REQUIRE_FALSE(faults.seen.empty());
   CHECK(faults.seen.back() == std::pair<int, std::uint64_t>{faults.bad_fd, report.read_failure->offset});
-  CHECK(resident(b) < 4 * MiB);
+  CHECK(resident(b) < 16 * MiB);  // not read to its end
 }
 
 TEST_CASE("a read error stops every reader, not only the one that met it") {
