@@ -7,12 +7,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <concepts>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 namespace modeld::wire::detail {
+
+/// S is T or const T: one fields() list serves writing (const) and reading.
+template <class S, class T>
+concept either = std::same_as<std::remove_const_t<S>, T>;
 
 template <class T>
 struct is_optional : std::false_type {};

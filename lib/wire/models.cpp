@@ -9,9 +9,7 @@ namespace {
 
 using nlohmann::json;
 
-// S is T or const T: one fields() serves writing and reading.
-template <class S, class T>
-concept either = std::same_as<std::remove_const_t<S>, T>;
+using detail::either;
 
 // Reads `j` as T with detail::read, or bad_request "WHAT: ..." on a mistyped or missing value.
 template <class T>

@@ -6,11 +6,9 @@
 
 namespace modeld::wire {
 
-// S is T or const T: one fields() serves writing and reading.
-template <class S, class T>
-concept either_status = std::same_as<std::remove_const_t<S>, T>;
+using detail::either;
 
-template <either_status<Active> S, class F>
+template <either<Active> S, class F>
 void fields(S& a, F&& f) {
   f("model", a.model);
   f("commit", a.commit);
@@ -19,7 +17,7 @@ void fields(S& a, F&& f) {
   f("since", a.since);
 }
 
-template <either_status<WatchdogStatus> S, class F>
+template <either<WatchdogStatus> S, class F>
 void fields(S& w, F&& f) {
   f("model", w.model);
   f("unit", w.unit);
@@ -34,7 +32,7 @@ void fields(S& w, F&& f) {
   f("last_probe_seconds", w.last_probe_seconds);
 }
 
-template <either_status<ServiceInfo> S, class F>
+template <either<ServiceInfo> S, class F>
 void fields(S& s, F&& f) {
   f("model", s.model);
   f("commit", s.commit);
@@ -47,7 +45,7 @@ void fields(S& s, F&& f) {
 
 // "daemon" is an object of its own and "deployment" a Record (record.hpp reads and writes it):
 // both beside these.
-template <either_status<Status> S, class F>
+template <either<Status> S, class F>
 void fields(S& s, F&& f) {
   f("active", s.active);
   f("services", s.services);
