@@ -68,7 +68,7 @@ Result<void> Deployer::load() {
 
 asio::awaitable<void> Deployer::recover() {
   co_await log_unlogged_ends();
-  // A modeld killed inside switch_link left its temporary link (nothing else makes one before here).
+  // A modeld killed inside switch_link or planning's hard links left its temporary (nothing makes one before here).
   auto& store = services_.store;
   const auto temps =
       co_await util::on_pool<std::vector<std::string>>(services_.disk_pool, [&] { return store.remove_link_temps(); });

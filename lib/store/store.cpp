@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cerrno>
 #include <map>
+#include <set>
 #include <sys/stat.h>
 #include <system_error>
 #include <unistd.h>
@@ -148,16 +149,49 @@ Result<void> Store::switch_link(const std::string& name, const std::string& comm
 
 namespace {
 
-// ".NAME.link-PID-N", as switch_link names its temporary link.
+// "X.link-PID-N" with X not empty: the temporary names of switch_link (".NAME.link-PID-N") and of
+// planning's hard links into a revision (manifest.cpp's link_over: "FILE.link-PID-N").
 bool is_link_temp_name(const std::string& f) {
   const auto at = f.rfind(".link-");
-  if (f.empty() || f[0] != '.' || at == std::string::npos || at == 0) return false;
+  if (at == std::string::npos || at == 0) return false;
   const auto rest = std::string_view(f).substr(at + 6);
   const auto dash = rest.find('-');
   auto digits = [](std::string_view v) {
     return !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
   };
   return dash != std::string_view::npos && digits(rest.substr(0, dash)) && digits(rest.substr(dash + 1));
+}
+
+// The paths (relative to the revision) its manifest lists; none when it has no manifest.
+std::set<std::string> listed_paths(const Store& store, const std::string& name, const std::string& commit) {
+  std::set<std::string> out;
+  if (auto m = store.read_manifest(name, commit); m && *m)
+    for (const auto& f : (*m)->files) out.insert(f.path);
+  return out;
+}
+
+// Removes, under revision `rev`, the regular files with a hard-link temporary's name that its
+// manifest does not list (modeld's own folder left alone); appends their paths to `removed`.
+void remove_revision_link_temps(const fs::path& rev, const std::set<std::string>& listed,
+                                std::vector<std::string>& removed, const fs::path& models_dir) {
+  std::error_code ec;
+  std::set<fs::path> touched;
+  for (fs::recursive_directory_iterator it(rev, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto rel = it->path().lexically_relative(rev).generic_string();
+    if (it->is_directory(ec) && !it->is_symlink(ec) && is_reserved_path(rel)) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    struct stat st {};
+    if (!is_link_temp_name(it->path().filename().string()) || listed.contains(rel) ||
+        ::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    if (::unlink(it->path().c_str()) == 0) {
+      removed.push_back(it->path().lexically_relative(models_dir).generic_string());
+      touched.insert(it->path().parent_path());
+    }
+  }
+  for (const auto& d : touched) (void)util::fsync_directory(d);
 }
 
 }  // namespace
@@ -168,10 +202,14 @@ std::vector<std::string> Store::remove_link_temps() const {
   for (fs::directory_iterator it(models_dir_, ec), end; !ec && it != end; it.increment(ec)) {
     auto f = it->path().filename().string();
     struct stat st {};
-    if (!is_link_temp_name(f) || ::lstat(it->path().c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) continue;
+    if (f[0] != '.' || !is_link_temp_name(f) || ::lstat(it->path().c_str(), &st) != 0 || !S_ISLNK(st.st_mode))
+      continue;
     if (::unlink(it->path().c_str()) == 0) removed.push_back(std::move(f));
   }
   if (!removed.empty()) (void)util::fsync_directory(models_dir_);
+  for (const auto& m : list())
+    for (const auto& c : m.commits)
+      remove_revision_link_temps(revision_dir(m.name, c), listed_paths(*this, m.name, c), removed, models_dir_);
   return removed;
 }
 

@@ -155,9 +155,10 @@ class Store {
   /// Points models_dir/NAME at revision `commit` atomically (symlink + rename + directory fsync).
   Result<void> switch_link(const std::string& name, const std::string& commit);
 
-  /// Removes the temporary links switch_link makes (".NAME.link-PID-N", symlinks only) from
-  /// models_dir, for the daemon's start: one there was left by a modeld killed between the symlink
-  /// and the rename; returns their names.
+  /// Removes, for the daemon's start, the temporaries a modeld killed between a link and its rename
+  /// left: switch_link's (".NAME.link-PID-N", symlinks only) in models_dir, and planning's hard
+  /// links ("FILE.link-PID-N", regular files its manifest does not list) in each revision; returns
+  /// their paths relative to models_dir. Blocks on the disk.
   std::vector<std::string> remove_link_temps() const;
 
   /// The manifest of a revision, nullopt when there is none; io_error/bad manifest as error.

@@ -98,6 +98,39 @@ TEST_CASE("the temporary links a killed switch_link left are removed, nothing el
   CHECK(s.remove_link_temps().empty());
 }
 
+TEST_CASE("the hard-link temporaries a killed planning left in a revision are removed, listed files kept") {
+  // Planning links unchanged files into the new revision as FILE.link-PID-N, then renames them
+  // (manifest.cpp's link_over): a kill between the two leaves the temporary in the revision.
+  TempDir dir;
+  Store s(dir.path);
+  REQUIRE(s.prepare_revision("m", kA).has_value());
+  REQUIRE(s.prepare_revision("m", kB).has_value());
+  const auto a = s.revision_dir("m", kA), b = s.revision_dir("m", kB);
+  write_file(a / "model.safetensors", "weights");
+  write_file(a / "odd.link-7-7", "a repository file of that name, listed in A's manifest");
+  store::Manifest m{"org/model", "main", kA, "2026-11-29T19:39:42Z", {}};
+  for (const auto* f : {"model.safetensors", "odd.link-7-7"}) {
+    auto id = store::identity_of(a / f);
+    REQUIRE(id.has_value());
+    m.files.push_back({f, fs::file_size(a / f), "", std::string(40, 'b'), *id});
+  }
+  REQUIRE(s.write_manifest("m", m).has_value());
+  REQUIRE(::link((a / "model.safetensors").c_str(), (b / "model.safetensors.link-1744-3").c_str()) == 0);
+  write_file(b / "sub" / "config.json.link-1744-4", "{}");
+  write_file(b / "config.json", "{}");
+  write_file(b / ".modeld" / "partial" / "x.link-1-1", "modeld's own folder: left alone");
+  auto removed = s.remove_link_temps();
+  std::sort(removed.begin(), removed.end());
+  CHECK(removed == std::vector<std::string>{".store/m/" + kB + "/model.safetensors.link-1744-3",
+                                            ".store/m/" + kB + "/sub/config.json.link-1744-4"});
+  CHECK_FALSE(fs::exists(b / "model.safetensors.link-1744-3"));
+  CHECK(read_file(a / "model.safetensors") == "weights");  // the other link to the same inode
+  CHECK(fs::exists(a / "odd.link-7-7"));
+  CHECK(fs::exists(b / "config.json"));
+  CHECK(fs::exists(b / ".modeld" / "partial" / "x.link-1-1"));
+  CHECK(s.remove_link_temps().empty());
+}
+
 TEST_CASE("switching the link points the model at the new revision and leaves no temp file") {
   TempDir dir;
   Store s(dir.path);
