@@ -170,12 +170,11 @@ std::set<std::string> listed_paths(const Store& store, const std::string& name, 
   return out;
 }
 
-// Removes, under revision `rev`, the regular files with a hard-link temporary's name that its
-// manifest does not list (modeld's own folder left alone); appends their paths to `removed`.
-void remove_revision_link_temps(const fs::path& rev, const std::set<std::string>& listed,
-                                std::vector<std::string>& removed, const fs::path& models_dir) {
+// The regular files under revision `rev` with a hard-link temporary's name (modeld's own folder
+// left out), relative to `rev`.
+std::vector<std::string> link_temps_in(const fs::path& rev) {
+  std::vector<std::string> out;
   std::error_code ec;
-  std::set<fs::path> touched;
   for (fs::recursive_directory_iterator it(rev, ec), end; !ec && it != end; it.increment(ec)) {
     const auto rel = it->path().lexically_relative(rev).generic_string();
     if (it->is_directory(ec) && !it->is_symlink(ec) && is_reserved_path(rel)) {
@@ -183,13 +182,27 @@ void remove_revision_link_temps(const fs::path& rev, const std::set<std::string>
       continue;
     }
     struct stat st {};
-    if (!is_link_temp_name(it->path().filename().string()) || listed.contains(rel) ||
-        ::lstat(it->path().c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      continue;
-    if (::unlink(it->path().c_str()) == 0) {
-      removed.push_back(it->path().lexically_relative(models_dir).generic_string());
-      touched.insert(it->path().parent_path());
-    }
+    if (is_link_temp_name(it->path().filename().string()) && ::lstat(it->path().c_str(), &st) == 0 &&
+        S_ISREG(st.st_mode))
+      out.push_back(rel);
+  }
+  return out;
+}
+
+// Removes the hard-link temporaries of revision `commit` of `name` that its manifest does not
+// list (read only when there is one); appends their paths relative to `models_dir` to `removed`.
+void remove_revision_link_temps(const Store& store, const std::string& name, const std::string& commit,
+                                std::vector<std::string>& removed) {
+  const auto rev = store.revision_dir(name, commit);
+  const auto temps = link_temps_in(rev);
+  if (temps.empty()) return;
+  const auto listed = listed_paths(store, name, commit);
+  std::set<fs::path> touched;
+  for (const auto& rel : temps) {
+    const auto p = rev / rel;
+    if (listed.contains(rel) || ::unlink(p.c_str()) != 0) continue;
+    removed.push_back(p.lexically_relative(store.models_dir()).generic_string());
+    touched.insert(p.parent_path());
   }
   for (const auto& d : touched) (void)util::fsync_directory(d);
 }
@@ -207,9 +220,13 @@ std::vector<std::string> Store::remove_link_temps() const {
     if (::unlink(it->path().c_str()) == 0) removed.push_back(std::move(f));
   }
   if (!removed.empty()) (void)util::fsync_directory(models_dir_);
-  for (const auto& m : list())
-    for (const auto& c : m.commits)
-      remove_revision_link_temps(revision_dir(m.name, c), listed_paths(*this, m.name, c), removed, models_dir_);
+  // The revisions themselves, not list(), which would also sum every model's bytes.
+  const auto store_root = models_dir_ / ".store";
+  if (!is_real_directory(store_root)) return removed;
+  for (const auto& n : subdirectories(store_root))
+    if (repo::valid_model_name(n) && is_real_directory(store_root / n))
+      for (const auto& c : subdirectories(store_root / n))
+        if (detail::valid_commit(c)) remove_revision_link_temps(*this, n, c, removed);
   return removed;
 }
 
