@@ -71,6 +71,18 @@ std::uint64_t resident(const fs::path& p) {
   return pages * page + ((vec.back() & 1) ? size - (vec.size() - 1) * page : 0);
 }
 
+// What the kernel may reclaim of a file between warming's last read and the test's mincore when
+// other tests fill the page cache at the same time (CI's ctest -j2 took 24 KiB of 16 MiB once):
+// far less than a block, so a warming that skipped a block or a file still fails.
+constexpr std::uint64_t kReclaimSlack = 256u << 10;
+
+// Whether all of `p` is in the page cache after warming, but for what reclaim may have taken since.
+bool warmed_all(const fs::path& p) {
+  const auto size = fs::file_size(p), now = resident(p);
+  if (now + kReclaimSlack < size) UNSCOPED_INFO(p << ": " << now << " of " << size << " bytes resident");
+  return now + kReclaimSlack >= size;
+}
+
 // Drops the clean pages of [offset, offset + length) of `p` (0: to the end) from the page cache.
 void drop(const fs::path& p, std::uint64_t offset = 0, std::uint64_t length = 0) {
   const util::OwnedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
@@ -154,7 +166,7 @@ TEST_CASE("a file dropped from the page cache is not resident, and warming makes
   CHECK(report.warmed == std::vector<fs::path>{p});
   CHECK(report.skipped.empty());
   CHECK_FALSE(report.stopped);
-  CHECK(resident(p) == 16 * MiB);
+  CHECK(warmed_all(p));
   REQUIRE_FALSE(seen.empty());
   CHECK(seen.back().bytes_warmed == report.totals.bytes_warmed);
 }
@@ -191,7 +203,7 @@ TEST_CASE("warming reads only the pages that are not resident") {
   CHECK(read > kReadSlack);  // more than the reads of /proc/self/io themselves
   CHECK(read >= report.totals.bytes_warmed);
   CHECK(report.warmed == std::vector<fs::path>{p});
-  CHECK(resident(p) == 8 * MiB);
+  CHECK(warmed_all(p));
 }
 
 TEST_CASE("the budget warms the first files that fit and skips the rest in order") {
@@ -209,7 +221,7 @@ TEST_CASE("the budget warms the first files that fit and skips the rest in order
   CHECK(report.skipped[1].path == d);  // it would fit, but the loader reads it after c
   CHECK(report.totals.bytes_total == 13 * MiB);
   CHECK(report.totals.bytes_warmed <= 9 * MiB);
-  CHECK(resident(a) == 4 * MiB);
+  CHECK(warmed_all(a));
   CHECK(resident(c) == 0);
   CHECK(resident(d) == 0);
 }
@@ -226,8 +238,8 @@ TEST_CASE("only the bytes that are not resident count against the budget") {
   CHECK_FALSE(report.budget_reached);
   CHECK(report.totals.bytes_resident_before == 6 * MiB);
   CHECK(report.totals.bytes_warmed <= 6 * MiB);
-  CHECK(resident(b) == 4 * MiB);
-  CHECK(resident(c) == 4 * MiB);
+  CHECK(warmed_all(b));
+  CHECK(warmed_all(c));
 }
 
 TEST_CASE("progress starts with what is resident before any read, grows and ends with the report's totals") {
@@ -294,7 +306,7 @@ TEST_CASE("a read rate limit spreads the reads over the time it allows") {
   auto report = warm::warm_files({p}, o, {}, stop);
   CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(450));
   CHECK(report.warmed == std::vector<fs::path>{p});
-  CHECK(resident(p) == 4 * MiB);
+  CHECK(warmed_all(p));
 }
 
 TEST_CASE("a file that cannot be opened is skipped with its error and the others are warmed") {
@@ -305,7 +317,7 @@ TEST_CASE("a file that cannot be opened is skipped with its error and the others
   REQUIRE(report.skipped.size() == 1);
   CHECK(report.skipped[0].reason.find("absent") != std::string::npos);
   CHECK(report.warmed == std::vector<fs::path>{p});
-  CHECK(resident(p) == 1 * MiB);
+  CHECK(warmed_all(p));
 }
 
 // A read function for warm::Options::read: pread(2), except that reads of `bad` starting at or
@@ -365,7 +377,7 @@ TEST_CASE("a read error ends warming with the file, the offset and the errno, an
   CHECK(report.skipped.empty());  // an error is not a skip
   CHECK_FALSE(report.stopped);
   CHECK_FALSE(report.budget_reached);
-  CHECK(resident(a) == 4 * MiB);  // what came before the error was read
+  CHECK(warmed_all(a));  // what came before the error was read
   CHECK(resident(c) == 0);        // nothing after it
   REQUIRE_FALSE(faults.seen.empty());
   CHECK(faults.seen.back() == std::pair<int, std::uint64_t>{faults.bad_fd, report.read_failure->offset});
@@ -418,7 +430,7 @@ TEST_CASE("an interrupted read (EINTR) is tried again and warming completes") {
   CHECK_FALSE(report.read_failure.has_value());
   CHECK(report.warmed == std::vector<fs::path>{p});
   CHECK_FALSE(interrupted.empty());
-  CHECK(resident(p) == 4 * MiB);
+  CHECK(warmed_all(p));
 }
 
 TEST_CASE("resident bytes agree with mincore, are capped at the file's size and follow a truncation") {
