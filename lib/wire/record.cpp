@@ -1,14 +1,42 @@
 #include "wire/record.hpp"
 
-#include "util/json.hpp"
 #include "util/name_table.hpp"
+#include "wire/fields.hpp"
 
 #include <nlohmann/json.hpp>
+
+namespace modeld {
+
+// The API's error object {"code", "message"}, its code by its stable name (an unknown one reads
+// as Errc::internal). In namespace modeld, beside Error, for argument-dependent lookup.
+template <wire::detail::either<Error> S, class F>
+void fields(S& e, F&& f) {
+  f("code",
+    wire::detail::via<std::string>(
+        e.code, [](Errc c) { return std::string(to_string(c)); },
+        [](const std::string& name, Errc& c) { c = errc_from_string(name); }),
+    wire::detail::required);
+  f("message", e.message, wire::detail::required);
+}
+
+}  // namespace modeld
 
 namespace modeld::wire {
 namespace {
 
 using nlohmann::json;
+
+using detail::either;
+using detail::named;
+using detail::required;
+
+// `j` read as T with detail::read; throws nlohmann::json::exception naming what is wrong.
+template <class T>
+T read_as(const json& j) {
+  T v{};
+  detail::read(j, v);
+  return v;
+}
 
 constexpr util::NameTable<Phase, 10> kPhases{{
     {Phase::planning, "planning"},
@@ -37,58 +65,91 @@ constexpr util::NameTable<Kind, 3> kKinds{{
     {Kind::stop, "stop"},
 }};
 
-json files_json(const std::vector<FileProgress>& files) {
-  auto out = json::array();
-  for (const auto& f : files)
-    out.push_back({{"path", f.path},
-                   {"bytes_done", f.bytes_done},
-                   {"bytes_total", f.bytes_total},
-                   {"rate_bytes_per_s", f.rate_bytes_per_s},
-                   {"eta_s", util::or_null(f.eta_s)},
-                   {"connections", f.connections}});
-  return out;
+// The API's "benchmark" object, which Record keeps as two optionals.
+struct Benchmark {
+  double ttft_s = 0;
+  double decode_tokens_per_s = 0;
+};
+
+template <either<Benchmark> S, class F>
+void fields(S& b, F&& f) {
+  f("ttft_s", b.ttft_s, required);
+  f("decode_tokens_per_s", b.decode_tokens_per_s, required);
 }
 
-FileProgress file_from_json(const json& j) {
-  FileProgress f;
-  f.path = j.at("path").get<std::string>();
-  f.bytes_done = j.at("bytes_done").get<std::uint64_t>();
-  f.bytes_total = j.at("bytes_total").get<std::uint64_t>();
-  f.rate_bytes_per_s = j.at("rate_bytes_per_s").get<double>();
-  if (!j.at("eta_s").is_null()) f.eta_s = j["eta_s"].get<double>();
-  f.connections = j.value("connections", 0u);
-  return f;
+// The "benchmark" of `r`: null until a benchmark ran (its TTFT is known).
+std::optional<Benchmark> benchmark_of(const Record& r) {
+  if (!r.benchmark_ttft_s) return std::nullopt;
+  return Benchmark{*r.benchmark_ttft_s, r.benchmark_decode_tokens_per_s.value_or(0)};
 }
 
-json benchmark_json(const Record& r) {
-  if (!r.benchmark_ttft_s) return nullptr;
-  return {{"ttft_s", *r.benchmark_ttft_s}, {"decode_tokens_per_s", r.benchmark_decode_tokens_per_s.value_or(0)}};
-}
-
-// The fields of a DEPLOYMENT that every record has: the parts that may be missing are read by
-// read_optional().
-void read_required(const json& j, Record& r) {
-  r.id = j.at("id").get<std::string>();
-  r.model = j.at("model").get<std::string>();
-  if (!j.at("commit").is_null()) r.commit = j.at("commit").get<std::string>();
-  r.progress = progress_from_json(j.at("progress"));
-  if (!j.at("error").is_null()) r.error = error_from_json(j["error"]);
-  r.started_at = j.at("started_at").get<std::string>();
-  if (!j.at("finished_at").is_null()) r.finished_at = j.at("finished_at").get<std::string>();
-}
-
-void read_optional(const json& j, Record& r) {
-  r.allow_downtime = j.value("allow_downtime", false);
-  r.changed = j.value("changed", true);
-  if (j.contains("benchmark") && !j["benchmark"].is_null()) {
-    r.benchmark_ttft_s = j["benchmark"].at("ttft_s").get<double>();
-    r.benchmark_decode_tokens_per_s = j["benchmark"].at("decode_tokens_per_s").get<double>();
-  }
-  if (j.contains("warm")) r.warm = warm_from_json(j["warm"]);
-  if (j.contains("switch")) r.switch_report = switch_from_json(j["switch"]);
+void set_benchmark(const std::optional<Benchmark>& b, Record& r) {
+  r.benchmark_ttft_s = b ? std::optional(b->ttft_s) : std::nullopt;
+  r.benchmark_decode_tokens_per_s = b ? std::optional(b->decode_tokens_per_s) : std::nullopt;
 }
 
 }  // namespace
+
+// A file in flight; "connections" may be missing (records of older daemons).
+template <either<FileProgress> S, class F>
+void fields(S& p, F&& f) {
+  f("path", p.path, required);
+  f("bytes_done", p.bytes_done, required);
+  f("bytes_total", p.bytes_total, required);
+  f("rate_bytes_per_s", p.rate_bytes_per_s, required);
+  f("eta_s", p.eta_s, required);
+  f("connections", p.connections);
+}
+
+// "files" may be missing (records on disk need not keep it).
+template <either<Progress> S, class F>
+void fields(S& p, F&& f) {
+  f("bytes_done", p.bytes_done, required);
+  f("bytes_total", p.bytes_total, required);
+  f("files_done", p.files_done, required);
+  f("files_total", p.files_total, required);
+  f("rate_bytes_per_s", p.rate_bytes_per_s, required);
+  f("eta_s", p.eta_s, required);
+  f("files", p.files);
+}
+
+template <either<WarmReport> S, class F>
+void fields(S& w, F&& f) {
+  f("bytes_total", w.bytes_total, required);
+  f("bytes_resident_before", w.bytes_resident_before, required);
+  f("bytes_warmed", w.bytes_warmed, required);
+  f("bytes_resident_at_launch", w.bytes_resident_at_launch, required);
+}
+
+template <either<SwitchReport> S, class F>
+void fields(S& s, F&& f) {
+  f("downtime_s", s.downtime_s, required);
+  f("stop_s", s.stop_s, required);
+  f("launch_s", s.launch_s, required);
+  f("start_to_port_s", s.start_to_port_s, required);
+  f("port_to_ready_s", s.port_to_ready_s, required);
+}
+
+// DEPLOYMENT; "kind", "allow_downtime", "changed", "benchmark", "warm" and "switch" may be
+// missing, as in records of older daemons.
+template <either<Record> S, class F>
+void fields(S& r, F&& f) {
+  f("id", r.id, required);
+  f("kind", named(r.kind, kKinds, "kind"));
+  f("model", r.model, required);
+  f("commit", r.commit, required);
+  f("allow_downtime", r.allow_downtime);
+  f("changed", r.changed);
+  f("phase", named(r.phase, kPhases, "phase"), required);
+  f("state", named(r.state, kStates, "state"), required);
+  f("progress", r.progress, required);
+  f("error", r.error, required);
+  f("started_at", r.started_at, required);
+  f("finished_at", r.finished_at, required);
+  f("benchmark", detail::via<std::optional<Benchmark>>(r, benchmark_of, set_benchmark));
+  f("warm", r.warm);
+  f("switch", r.switch_report);
+}
 
 std::string_view to_string(Kind k) noexcept { return util::name_in(kKinds, k).value_or("unknown"); }
 std::optional<Kind> kind_from_string(std::string_view s) noexcept { return util::value_in(kKinds, s); }
@@ -97,101 +158,20 @@ std::string_view to_string(State s) noexcept { return util::name_in(kStates, s).
 std::optional<Phase> phase_from_string(std::string_view s) noexcept { return util::value_in(kPhases, s); }
 std::optional<State> state_from_string(std::string_view s) noexcept { return util::value_in(kStates, s); }
 
-json to_json(const Error& e) { return {{"code", std::string(modeld::to_string(e.code))}, {"message", e.message}}; }
+json to_json(const Error& e) { return detail::write(e); }
+json to_json(const Progress& p) { return detail::write(p); }
+json to_json(const WarmReport& w) { return detail::write(w); }
+json to_json(const SwitchReport& s) { return detail::write(s); }
+json to_json(const Record& r) { return detail::write(r); }
 
-json to_json(const Progress& p) {
-  return {{"bytes_done", p.bytes_done},
-          {"bytes_total", p.bytes_total},
-          {"files_done", p.files_done},
-          {"files_total", p.files_total},
-          {"rate_bytes_per_s", p.rate_bytes_per_s},
-          {"eta_s", util::or_null(p.eta_s)},
-          {"files", files_json(p.files)}};
-}
-
-json to_json(const WarmReport& w) {
-  return {{"bytes_total", w.bytes_total},
-          {"bytes_resident_before", w.bytes_resident_before},
-          {"bytes_warmed", w.bytes_warmed},
-          {"bytes_resident_at_launch", util::or_null(w.bytes_resident_at_launch)}};
-}
-
-json to_json(const SwitchReport& s) {
-  return {{"downtime_s", s.downtime_s},
-          {"stop_s", s.stop_s},
-          {"launch_s", s.launch_s},
-          {"start_to_port_s", s.start_to_port_s},
-          {"port_to_ready_s", s.port_to_ready_s}};
-}
-
-json to_json(const Record& r) {
-  return {
-      {"id", r.id},
-      {"kind", std::string(to_string(r.kind))},
-      {"model", r.model},
-      {"commit", util::or_null(r.commit)},
-      {"allow_downtime", r.allow_downtime},
-      {"changed", r.changed},
-      {"phase", std::string(to_string(r.phase))},
-      {"state", std::string(to_string(r.state))},
-      {"progress", to_json(r.progress)},
-      {"error", r.error ? to_json(*r.error) : json(nullptr)},
-      {"started_at", r.started_at},
-      {"finished_at", util::or_null(r.finished_at)},
-      {"benchmark", benchmark_json(r)},
-      {"warm", r.warm ? to_json(*r.warm) : json(nullptr)},
-      {"switch", r.switch_report ? to_json(*r.switch_report) : json(nullptr)},
-  };
-}
-
-Error error_from_json(const json& j) {
-  return Error{errc_from_string(j.at("code").get<std::string>()), j.at("message").get<std::string>()};
-}
-
-Progress progress_from_json(const json& j) {
-  Progress p;
-  p.bytes_done = j.at("bytes_done").get<std::uint64_t>();
-  p.bytes_total = j.at("bytes_total").get<std::uint64_t>();
-  p.files_done = j.at("files_done").get<unsigned>();
-  p.files_total = j.at("files_total").get<unsigned>();
-  p.rate_bytes_per_s = j.at("rate_bytes_per_s").get<double>();
-  if (!j.at("eta_s").is_null()) p.eta_s = j.at("eta_s").get<double>();
-  if (j.contains("files"))
-    for (const auto& f : j["files"]) p.files.push_back(file_from_json(f));
-  return p;
-}
-
-std::optional<WarmReport> warm_from_json(const json& j) {
-  if (j.is_null()) return std::nullopt;
-  WarmReport w;
-  w.bytes_total = j.at("bytes_total").get<std::uint64_t>();
-  w.bytes_resident_before = j.at("bytes_resident_before").get<std::uint64_t>();
-  w.bytes_warmed = j.at("bytes_warmed").get<std::uint64_t>();
-  if (!j.at("bytes_resident_at_launch").is_null())
-    w.bytes_resident_at_launch = j["bytes_resident_at_launch"].get<std::uint64_t>();
-  return w;
-}
-
-std::optional<SwitchReport> switch_from_json(const json& j) {
-  if (j.is_null()) return std::nullopt;
-  return SwitchReport{j.at("downtime_s").get<double>(), j.at("stop_s").get<double>(), j.at("launch_s").get<double>(),
-                      j.at("start_to_port_s").get<double>(), j.at("port_to_ready_s").get<double>()};
-}
+Error error_from_json(const json& j) { return read_as<Error>(j); }
+Progress progress_from_json(const json& j) { return read_as<Progress>(j); }
+std::optional<WarmReport> warm_from_json(const json& j) { return read_as<std::optional<WarmReport>>(j); }
+std::optional<SwitchReport> switch_from_json(const json& j) { return read_as<std::optional<SwitchReport>>(j); }
 
 Result<Record> record_from_json(const json& j) {
   try {
-    Record r;
-    read_required(j, r);
-    auto phase = phase_from_string(j.at("phase").get<std::string>());
-    auto state = state_from_string(j.at("state").get<std::string>());
-    if (!phase || !state) return make_error(Errc::bad_request, "deployment record: unknown phase or state");
-    r.phase = *phase;
-    r.state = *state;
-    auto kind = kind_from_string(j.value("kind", std::string("deploy")));
-    if (!kind) return make_error(Errc::bad_request, "deployment record: unknown kind " + j["kind"].dump());
-    r.kind = *kind;
-    read_optional(j, r);
-    return r;
+    return read_as<Record>(j);
   } catch (const json::exception& e) {
     return make_error(Errc::bad_request, std::string("deployment record: ") + e.what());
   }

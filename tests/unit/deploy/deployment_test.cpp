@@ -100,6 +100,40 @@ TEST_CASE("a malformed deployment record is refused with a message") {
   CHECK_FALSE(record_from_file_json(bad_phase).has_value());
 }
 
+TEST_CASE("a malformed deployment record's message names the field") {
+  Deployment d;
+  d.id = "x";
+  d.model = "m";
+  d.started_at = "2026-11-29T19:39:42Z";
+  d.benchmark_ttft_s = 0.5;
+  d.benchmark_decode_tokens_per_s = 40;
+  auto good = record_file_json(d);
+  auto message = [&](auto change) {
+    auto j = good;
+    change(j);
+    auto r = record_from_file_json(j);
+    return r ? std::string("(read)") : r.error().message;
+  };
+  CHECK(message([](auto&) {}) == "(read)");
+  CHECK(message([](auto& j) { j.erase("model"); }) ==
+        "deployment record: [json.exception.out_of_range.403] key 'model' not found");
+  CHECK(message([](auto& j) { j["progress"].erase("eta_s"); }) ==
+        "deployment record: [json.exception.out_of_range.403] key 'eta_s' not found");
+  CHECK(message([](auto& j) { j["benchmark"].erase("ttft_s"); }) ==
+        "deployment record: [json.exception.out_of_range.403] key 'ttft_s' not found");
+  CHECK(message([](auto& j) { j["phase"] = "dancing"; }) == "deployment record: unknown phase \"dancing\"");
+  CHECK(message([](auto& j) { j["state"] = "done"; }) == "deployment record: unknown state \"done\"");
+  CHECK(message([](auto& j) { j["kind"] = "teleport"; }) == "deployment record: unknown kind \"teleport\"");
+  CHECK(message([](auto& j) { j["switch_marks"] = 3; }) ==
+        "deployment record: [json.exception.type_error.302] expected an object, not number");
+  CHECK(message([](auto& j) { j["old_stopped"] = "yes"; }) ==
+        "deployment record: [json.exception.type_error.302] type must be boolean, but is string");
+  auto back = record_from_file_json(good);
+  REQUIRE(back.has_value());
+  CHECK(back->benchmark_ttft_s == 0.5);
+  CHECK(back->benchmark_decode_tokens_per_s == 40);
+}
+
 TEST_CASE("error objects use the stable snake_case code") {
   auto j = to_json(Error{Errc::deployment_running, "busy"});
   CHECK(j["code"] == "deployment_running");
