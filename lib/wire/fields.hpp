@@ -64,7 +64,8 @@ Via<W, M, Out, In> via(M& member, Out out, In in) {
 }
 
 /// The enum field `member` written as its name in `table` ("unknown" for a value it lacks);
-/// reading a name that `table` lacks throws field_error "unknown WHAT \"NAME\"".
+/// reading a name that `table` lacks throws field_error "unknown WHAT \"NAME\"". `table` is
+/// kept by reference (a namespace-scope table).
 template <class E, std::size_t N>
 auto named(E& member, const util::NameTable<std::remove_const_t<E>, N>& table, const char* what) {
   using V = std::remove_const_t<E>;
@@ -77,6 +78,7 @@ auto named(E& member, const util::NameTable<std::remove_const_t<E>, N>& table, c
       });
 }
 
+/// Whether T is a std::optional, a std::vector or a Via (what write() and read() tell apart).
 template <class T>
 struct is_optional : std::false_type {};
 template <class T>
