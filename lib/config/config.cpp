@@ -122,7 +122,7 @@ constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
 constexpr std::string_view kServeKeys[] = {
     "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_ids",
-    "gpu_memory", "warm"};
+    "gpu_memory", "warm", "switch"};
 constexpr std::string_view kHealthKeys[] = {
     "path", "models_path", "completion", "api_key_file", "stall_timeout", "watch_interval",
     "watch_failures"};
@@ -642,6 +642,9 @@ class Checker {
     read_size(t, "gpu_memory", prefix + ".gpu_memory", out.gpu_memory);
     if (read(t, "warm", prefix + ".warm", out.warm) && out.warm != "auto" && out.warm != "off")
       problem(t.get("warm")->source(), fmt::format("{}.warm must be \"auto\" or \"off\", got \"{}\"", prefix, out.warm));
+    if (read(t, "switch", prefix + ".switch", out.switch_setting) && out.switch_setting != "restart")
+      problem(t.get("switch")->source(),
+              fmt::format("{}.switch must be \"restart\", got \"{}\"", prefix, out.switch_setting));
     if (!port_valid || !gpu_ids_valid) return std::nullopt;
     return t.contains("port") ? t.get("port")->source() : t.source();
   }

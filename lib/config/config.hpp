@@ -90,6 +90,9 @@ struct ServeConfig {
   std::uint64_t gpu_memory = 0;    ///< bytes that must be free on each of them before launch; 0: any
   /// "auto": warming reads the checkpoint into the page cache before the switch; "off": it does not.
   std::string warm = "auto";
+  /// serve.switch: how the service switches to a new revision; "restart" (the only way yet, the
+  /// default): its service is stopped and started on the new revision.
+  std::string switch_setting = "restart";
 
   friend bool operator==(const ServeConfig&, const ServeConfig&) = default;
 };

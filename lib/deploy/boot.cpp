@@ -89,9 +89,10 @@ asio::awaitable<void> Deployer::recover() {
     std::optional<std::string>& interrupted;
     ~Recovered() { interrupted.reset(); }
   } recovered{interrupted_};
-  // The services an unfinished deployment began to stop are its own to finish or bring back.
+  // The services an unfinished deployment's switch took its durable decision on (restart: began
+  // to stop them) are its own to finish or bring back.
   std::set<std::string> owned;
-  if (unfinished && unfinished->old_stopped) {
+  if (unfinished && switch_named(services_, unfinished->switch_method).committed(*unfinished)) {
     owned = models_of(unfinished->previous);
     owned.insert(unfinished->model);
   }
@@ -241,7 +242,7 @@ asio::awaitable<void> Deployer::recover_service(const ActiveRecord& a, const Res
 }
 
 asio::awaitable<void> Deployer::continue_unfinished(Deployment& d) {
-  const auto first = resume_step(d);
+  const auto first = resume_step(d, switch_named(services_, d.switch_method));
   sys::Fields f;
   f.deployment = d.id;
   f.model = d.model;

@@ -246,7 +246,7 @@ void Deployer::record_started(const std::string& model, const std::optional<Star
   if (!a) return;
   a->started = settings;
   // The watchdog restarted it while a deployment still downloads: a rollback restores this one.
-  if (running_ && !running_->record().old_stopped)
+  if (running_ && !running_->committed())
     for (auto& p : running_->record().previous)
       if (p.model == model) {
         p.started = settings;

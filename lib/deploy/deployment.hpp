@@ -68,6 +68,11 @@ struct Deployment : wire::Record {
   /// restart that finds the deployment still in health_checking finishes it.
   bool cleanup_begun = false;
   SwitchMarks switch_marks;  ///< what switch_report is computed from
+  /// The method of the switch strategy the run switches with (switch_strategy.hpp), chosen after
+  /// planning and persisted before any of its steps; empty: restart (as in every record before).
+  std::string switch_method;
+  /// Why the run fell back to switch_method from another strategy mid-run; empty: it did not.
+  std::string switch_fallback;
   /// The start time in ns since the epoch: orders deployments started in one second (ids and
   /// started_at have whole seconds) when the history is read back from state_dir; 0 in records
   /// written before it was kept.

@@ -51,6 +51,9 @@ struct Services {
   /// A test seam replacing NVML's snapshot in gpu_watch.hpp (called on the disk pool, as NVML is);
   /// empty (the daemon's case): the process's NVML.
   std::function<Result<std::optional<gpu::Snapshot>>()> gpu_snapshot;
+  /// A test seam replacing the switch strategies serve.switch may name (switch_strategy.hpp);
+  /// empty (the daemon's case): the built-in ones.
+  std::vector<const struct SwitchStrategy*> switch_strategies;
 };
 
 /// What eviction knows of the services in service: their models are never evicted, except those

@@ -1,8 +1,9 @@
 // The phase table's rows of the preparation and the end of a deployment, and the table's lookups.
 // Each row runs its phase (one file each) and applies what it returns to the run; the switch's
-// rows are in restart_rows.cpp.
+// rows come from its strategy (switch_strategy.hpp).
 #include "deploy/phase_table.hpp"
 #include "deploy/record_run.hpp"
+#include "deploy/switch_strategy.hpp"
 
 #include "deploy/cleanup.hpp"
 #include "deploy/download.hpp"
@@ -141,13 +142,15 @@ constexpr std::array preparation_and_end{
              nullptr},
 };
 
-// Calls `f` with each row, the preparation's and the end's, then the switch's, until it returns true.
+// Calls `f` with each row, the preparation's and the end's, then every built-in strategy's, until
+// it returns true.
 template <class F>
 const PhaseRow* find_row(F f) {
   for (const auto& row : preparation_and_end)
     if (f(row)) return &row;
-  for (const auto& row : restart_rows())
-    if (f(row)) return &row;
+  for (const auto* strategy : builtin_switches())
+    for (const auto& row : strategy->rows())
+      if (f(row)) return &row;
   return nullptr;
 }
 
@@ -163,14 +166,6 @@ std::string_view verb_of(Phase p) {
   return row ? row->verb : std::string_view();
 }
 
-Step resume_step(const Deployment& d) {
-  if (const auto& back = row_of(Step::rolling_back); back.resumes_here(d)) return Step::rolling_back;
-  // A stop's plan, else a deploy's (a pull's steps are the first of them, and a record claimed by
-  // a later step continues there whatever its kind, as before the table).
-  const auto steps = plan_steps(d.kind == Kind::stop ? Kind::stop : Kind::deploy, d.downtime_first);
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-    if (const auto& row = row_of(it->step); row.resumes_here && row.resumes_here(d)) return it->step;
-  return Step::planning;
-}
+Step resume_step(const Deployment& d) { return resume_step(d, restart_switch()); }
 
 }  // namespace modeld::deploy

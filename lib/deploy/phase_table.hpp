@@ -3,9 +3,10 @@
 // whether it touches the service in service, how it runs (its phase's run_* and the application
 // of the result to the run, for RecordRun to call) and whether an interrupted record continues
 // from it. The rows of the preparation and the end (planning, freeing_disk, downloading,
-// verifying, warming, cleanup, benchmarking) are in phase_table.cpp, those of the restart switch
-// (stopping_old, launching, health_checking, rolling_back) in restart_rows.cpp. The order of a
-// plan is steps.cpp's. Private to lib/deploy; lookups never block.
+// verifying, warming, cleanup, benchmarking) are in phase_table.cpp; those of the switch come
+// from its strategy (switch_strategy.hpp; restart_switch.cpp for stopping_old, launching,
+// health_checking and rolling_back). The order of a plan is steps.cpp's and the strategy's.
+// Private to lib/deploy; lookups never block.
 
 #include "deploy/deployment.hpp"
 #include "deploy/steps.hpp"
@@ -35,19 +36,16 @@ struct PhaseRow {
   bool (*resumes_here)(const Deployment& d);
 };
 
-/// The rows of the restart switch (restart_rows.cpp): stopping_old, launching, health_checking
-/// and rolling_back.
-std::span<const PhaseRow> restart_rows();
-
-/// The row of step `s`; every Step has one.
+/// The row of step `s` among the preparation's, the end's and every built-in strategy's (the
+/// first that has it); every Step has one.
 const PhaseRow& row_of(Step s);
 
 /// The STATUS= verb of phase `p` (the row showing it as its own), e.g. "downloading".
 std::string_view verb_of(Phase p);
 
-/// The step an interrupted record `d` continues from: rolling_back when its row claims it, else
-/// the last step of a stop's plan (a stop) or a deploy's (a deploy or a pull) whose row claims
-/// it; planning when none does.
+/// The step an interrupted record `d` switching by restart continues from: rolling_back when its
+/// row claims it, else the last step of a stop's plan (a stop) or a deploy's (a deploy or a pull)
+/// whose row claims it; planning when none does. (resume_step of switch_strategy.hpp for another strategy.)
 Step resume_step(const Deployment& d);
 
 }  // namespace modeld::deploy

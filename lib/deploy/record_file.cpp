@@ -51,6 +51,8 @@ void fields(const Bookkeeping<D>& b, F&& f) {
   f("switch_marks", b.d.switch_marks);
   f("restart", b.d.restart);
   f("end_unlogged", b.d.end_unlogged, wire::detail::when_set);
+  f("switch_method", b.d.switch_method, wire::detail::when_set);
+  f("switch_fallback", b.d.switch_fallback, wire::detail::when_set);
 }
 
 // A record written before the list "previous": the one service of "previous_model",

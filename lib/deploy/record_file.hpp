@@ -12,7 +12,7 @@ namespace modeld::deploy {
 
 /// The JSON written to state_dir for `d`: every API field, then "previous", "old_stopped",
 /// "downtime_first", "cancel_requested", "cleanup_begun", "started_ns", "switch_marks",
-/// "restart" and, only while set, "end_unlogged". Pure.
+/// "restart" and, only while set, "end_unlogged", "switch_method" and "switch_fallback". Pure.
 nlohmann::json record_file_json(const Deployment& d);
 
 /// Reads what record_file_json() wrote, also as older daemons wrote it (no "kind", a single

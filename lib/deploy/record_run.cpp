@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 namespace modeld::deploy {
 
@@ -80,7 +81,8 @@ void log_end(const Deployment& d, std::optional<unsigned> port, std::string_view
 
 RecordRun::RecordRun(asio::io_context& io, Services services, Deployment record, const DaemonState& state,
                      RunSink& sink)
-    : io_(io), services_(std::move(services)), sink_(sink), record_(std::move(record)) {
+    : io_(io), services_(std::move(services)), sink_(sink), record_(std::move(record)),
+      switch_(&switch_named(services_, record_.switch_method)) {
   const auto& cfg = *services_.config;
   const auto* model = cfg.find_model(record_.model);
   if (!model) {
@@ -110,7 +112,7 @@ void RecordRun::start(Step first) {
 }
 
 bool RecordRun::owns_service() const {
-  return record_.old_stopped || rolling_back_ || (step_ && step_->touches_service);
+  return committed() || rolling_back_ || (step_ && step_->touches_service);
 }
 
 std::set<std::string> RecordRun::touched_models() const {
@@ -230,7 +232,40 @@ asio::awaitable<void> RecordRun::save_state() {
   co_await sink_.save_state(f);
 }
 
-void RecordRun::replan() { steps_ = plan_steps(record_.kind, record_.downtime_first); }
+void RecordRun::replan() { steps_ = plan_steps(record_.kind, record_.downtime_first, *switch_); }
+
+asio::awaitable<void> RecordRun::choose_strategy() {
+  // A run that fell back keeps its fallback when it plans again after a restart.
+  if (!record_.switch_fallback.empty()) co_return;
+  const auto choice = choose_switch(services_, SwitchQuery{record_, run_->model});
+  switch_ = choice.strategy;
+  record_.switch_method = switch_ == &restart_switch() ? std::string() : std::string(switch_->method);
+  replan();
+  co_await persist();
+  sys::logf(sys::Level::info, fields(), "the switch of {} will be a {}: {}", record_.model, switch_->method,
+            choice.why);
+}
+
+asio::awaitable<bool> RecordRun::fall_back(const std::string& why) {
+  const auto* next = switch_->fallback.empty() ? nullptr : &switch_named(services_, switch_->fallback);
+  if (!next || next == switch_) co_return false;
+  sys::logf(sys::Level::warning, fields(), "the {} of {} falls back to a {}: {}", switch_->method, record_.model,
+            next->method, why);
+  switch_ = next;
+  record_.switch_method = switch_ == &restart_switch() ? std::string() : std::string(switch_->method);
+  record_.switch_fallback = why;
+  replan();
+  co_await persist();
+  fell_back_ = true;
+  co_return true;
+}
+
+std::size_t RecordRun::fallback_index() const {
+  const auto own = switch_->steps(record_.downtime_first);
+  for (std::size_t i = 0; i < steps_.size(); ++i)
+    if (!own.after_warming.empty() && steps_[i].step == own.after_warming.front()) return i;
+  return steps_.size();
+}
 
 std::optional<Error> RecordRun::switch_conflict() const {
   const auto& d = record_;
@@ -259,7 +294,7 @@ bool RecordRun::serves_new() const {
 }
 
 asio::awaitable<Result<void>> RecordRun::run_row(Step s) {
-  const auto& row = row_of(s);
+  const auto& row = row_of(s, *switch_);
   if (row.shows_own_phase) {
     record_.phase = row.phase;
     co_await persist();
@@ -307,7 +342,10 @@ asio::awaitable<std::optional<Error>> RecordRun::run_steps(Step first) {
         log_nothing_to_do(i + 1);
         co_return std::nullopt;
       }
+      if (d.kind == Kind::deploy) co_await choose_strategy();
     }
+    // The strategy gave up before its durable decision: its fallback's steps after warming follow.
+    if (std::exchange(fell_back_, false)) i = fallback_index() - 1;
   }
   // A cancel that came as the last step began found nothing to stop: it ends the deployment now.
   if (d.cancel_requested && !new_serves_) co_return make_error(Errc::cancelled, "cancelled by the user");
@@ -355,7 +393,7 @@ asio::awaitable<void> RecordRun::take_out_of_service() {
 
 asio::awaitable<bool> RecordRun::must_roll_back(const Error& failure) {
   auto& d = record_;
-  if (!d.old_stopped || d.previous.empty() || d.kind == Kind::stop || new_serves_ || serves_new()) {
+  if (!committed() || d.previous.empty() || d.kind == Kind::stop || new_serves_ || serves_new()) {
     const std::optional<Error> why = failure;
     co_await finish(failure.code == Errc::cancelled ? State::cancelled : State::failed, why);
     co_return false;
@@ -391,7 +429,7 @@ asio::awaitable<bool> RecordRun::must_roll_back(const Error& failure) {
 
 asio::awaitable<void> RecordRun::drive(std::shared_ptr<RecordRun> self, Step first) {
   RecordRun& r = *self;
-  if (first != Step::rolling_back) {
+  if (first != r.switch_->rollback) {
     auto failure = co_await r.run_steps(first);
     if (r.interrupted_) {
       co_await r.persist();
@@ -415,7 +453,7 @@ asio::awaitable<void> RecordRun::roll_back() {
   const auto touched = touched_models();
   co_await sink_.pause_watchers(touched);
   // The row enters rolling_back (recorded and announced), runs it and ends the record.
-  auto ended = co_await run_row(Step::rolling_back);
+  auto ended = co_await run_row(switch_->rollback);
   (void)ended;
 }
 

@@ -9,6 +9,7 @@
 #include "deploy/phase.hpp"
 #include "deploy/state_store.hpp"
 #include "deploy/steps.hpp"
+#include "deploy/switch_strategy.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/cancellation_signal.hpp>
@@ -81,6 +82,10 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   /// Whether the run owns the services it touches: its step touches them, it rolls back, or the
   /// old servers were stopped. Until then their watchers keep watching (a download takes hours).
   bool owns_service() const;
+  /// The switch strategy the run switches with (its record's switch_method).
+  const SwitchStrategy& strategy() const { return *switch_; }
+  /// Whether the run has taken its strategy's durable decision: a failure now rolls back.
+  bool committed() const { return switch_->committed(record_); }
   /// The models whose services the run stops or starts: its own and those in conflict with it.
   std::set<std::string> touched_models() const;
   /// Asks the phase that runs now to stop (a cancel or a shutdown); returns at once.
@@ -94,7 +99,7 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   void progress(const fetch::Progress& p) override;
   void warm_progress(const WarmReport& w) override;
 
-  // What the phase table's rows use (phase_table.cpp, restart_rows.cpp).
+  // What the phase table's rows use (phase_table.cpp, a switch strategy's file: restart_switch.cpp).
   /// Services for a phase to use (non-const: phases take them so).
   Services& phase_services() { return services_; }
   /// What the phases read; a row changes it only to apply its phase's result.
@@ -109,10 +114,16 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   boost::asio::awaitable<void> persist();
   /// Writes the daemon's state (awaited), logging under the run's fields when it cannot.
   boost::asio::awaitable<void> save_state();
-  /// Planning decided the order: the plan computed again from the record (kind, downtime_first).
+  /// Planning decided the order: the plan computed again from the record (kind, downtime_first, strategy).
   void replan();
   /// The new model serves (health_checking passed, or resumed after it).
   void set_new_serves() { new_serves_ = true; }
+  /// A row of the strategy gives up for `why`: the run switches with the strategy's fallback from
+  /// that one's first step after warming (recorded, persisted, logged; awaited), and the row then
+  /// returns success. False (nothing changed) when the strategy has no fallback: the row returns
+  /// its error. (A row that gives up after its durable decision must leave nothing serving that
+  /// the fallback's steps would not replace.)
+  boost::asio::awaitable<bool> fall_back(const std::string& why);
   /// Models a failed rollback could not bring back: not watched once the run ends.
   std::set<std::string>& not_restored() { return not_restored_; }
   /// Before the run stops or starts anything: model_active when a service it does not stop now
@@ -136,6 +147,12 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   // After planning: whether the model already serves its commit with the same settings and is
   // ready (then the record says changed: false, persisted); logs why it restarts it otherwise.
   boost::asio::awaitable<bool> already_serves();
+  // After planning, before the switch: the strategy that applies (choose_switch) recorded, the
+  // plan computed with it, persisted and logged; a run that fell back keeps its fallback.
+  boost::asio::awaitable<void> choose_strategy();
+  // The index in the plan where the run continues after a fallback: the strategy's first step
+  // after warming.
+  std::size_t fallback_index() const;
   // The journal line "nothing to do" of each step of the plan from index `next` on.
   void log_nothing_to_do(std::size_t next) const;
   // A pull succeeded: its commit marked as pulled in the daemon's state (unless it already is).
@@ -153,11 +170,13 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   Deployment record_;
   std::unique_ptr<Run> run_;
   std::optional<config::ModelConfig> own_model_;  ///< a stop of a model no longer configured: its name, port
-  std::vector<PlannedStep> steps_;                 ///< the plan, from the record (kind, downtime_first)
+  const SwitchStrategy* switch_;                   ///< the record's switch strategy
+  std::vector<PlannedStep> steps_;                 ///< the plan, from the record (kind, downtime_first, strategy)
   std::optional<PlannedStep> step_;                ///< the step that runs now; nullopt before the first
   bool rolling_back_ = false;                      ///< rolling_back runs (not a step of the plan)
   bool new_serves_ = false;                        ///< this record's model serves
   bool interrupted_ = false;                       ///< a shutdown cut it short
+  bool fell_back_ = false;                         ///< the row that ran last fell back to another strategy
   std::set<std::string> not_restored_;
   boost::asio::cancellation_signal cancel_;        ///< bound to the phase that runs now
   std::chrono::steady_clock::time_point last_journal_progress_{};

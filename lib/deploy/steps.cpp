@@ -1,5 +1,6 @@
 #include "deploy/steps.hpp"
 #include "deploy/phase_table.hpp"
+#include "deploy/switch_strategy.hpp"
 
 namespace modeld::deploy {
 
@@ -7,13 +8,12 @@ Phase phase_of(Step s) noexcept { return row_of(s).phase; }
 
 std::string_view to_string(Step s) noexcept { return row_of(s).name; }
 
-namespace {
-
-PlannedStep planned(Step s) { return {s, row_of(s).touches_service}; }
-
-}  // namespace
-
 std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first) {
+  return plan_steps(kind, downtime_first, restart_switch());
+}
+
+std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first, const SwitchStrategy& strategy) {
+  auto planned = [&](Step s) { return PlannedStep{s, row_of(s, strategy).touches_service}; };
   // A stop takes a model out of service: its one step stops the service and waits until nothing is left.
   if (kind == Kind::stop) return {planned(Step::stopping_old)};
   // A pull stages a revision ahead: it never stops, starts or probes a service.
@@ -22,11 +22,13 @@ std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first) {
   // Planning, freeing_disk, downloading and verifying leave the model in service alone (a large
   // download takes hours while it keeps serving and being watched); so does cleanup, which spares
   // the revision in service; warming only reads the new revision's files into the page cache.
+  // The switch's steps are its strategy's: with downtime_first, part of them right after planning.
+  const auto own = strategy.steps(downtime_first);
   std::vector<PlannedStep> steps{planned(Step::planning)};
-  if (downtime_first) steps.push_back(planned(Step::stopping_old));
+  for (Step s : own.after_planning) steps.push_back(planned(s));
   for (Step s : {Step::freeing_disk, Step::downloading, Step::verifying, Step::warming}) steps.push_back(planned(s));
-  if (!downtime_first) steps.push_back(planned(Step::stopping_old));
-  for (Step s : {Step::launching, Step::health_checking, Step::cleanup, Step::benchmarking}) steps.push_back(planned(s));
+  for (Step s : own.after_warming) steps.push_back(planned(s));
+  for (Step s : {Step::cleanup, Step::benchmarking}) steps.push_back(planned(s));
   return steps;
 }
 

@@ -28,10 +28,11 @@ Phase phase_of(Step s) noexcept;
 /// A name for the journal (its row's), e.g. "cleanup".
 std::string_view to_string(Step s) noexcept;
 
-/// The ordered steps of a deployment, each touching the service as its row says, of kind `kind`; with `downtime_first` (allow_downtime and a
-/// disk plan that evicts the active model) stopping_old comes right after planning, so warming
-/// (after verifying) runs while nothing serves. A pull is planning, freeing_disk, downloading
-/// and verifying, none touching the service.
+/// The ordered steps of a deployment switching by restart, each touching the service as its row
+/// says, of kind `kind`; with `downtime_first` (allow_downtime and a disk plan that evicts the
+/// active model) stopping_old comes right after planning, so warming (after verifying) runs while
+/// nothing serves. A pull is planning, freeing_disk, downloading and verifying, none touching the
+/// service; a stop is stopping_old. (plan_steps of switch_strategy.hpp for another strategy.)
 std::vector<PlannedStep> plan_steps(Kind kind, bool downtime_first);
 
 }  // namespace modeld::deploy

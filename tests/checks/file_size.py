@@ -26,7 +26,7 @@ LIMITS = {
     # object (it is 329 since); lower this as it shrinks.
     "lib/deploy/deployer.cpp": (340, "the Deployer: the run of a record, the phases, the store requests, boot and queries live in their own files"),
     # Issue 26: the run of one record under 700 lines; its phases are rows of the phase table.
-    "lib/deploy/record_run.cpp": (700, "the run of one record: a phase's work is its file, its application its row (phase_table.cpp, restart_rows.cpp)"),
+    "lib/deploy/record_run.cpp": (700, "the run of one record: a phase's work is its file, its application its row (phase_table.cpp, a switch strategy's file: restart_switch.cpp)"),
 }
 
 

@@ -1,8 +1,10 @@
-// The phase table's rows of the restart switch: stop the old service, start the new one, wait for
-// its readiness, or roll back (stop the new one, restart the old ones). Each applies the marks of
-// the outage it returns (DEPLOYMENT.switch). A second way of switching would be rows of its own.
+// The restart switch strategy (switch_strategy.hpp), today's only one: stop the old service,
+// start the new one, wait for its readiness, or roll back (stop the new one, restart the old
+// ones). Its rows apply the marks of the outage their phases return and compute the switch
+// report from them (DEPLOYMENT.switch). It always applies and falls back to nothing.
 #include "deploy/phase_table.hpp"
 #include "deploy/record_run.hpp"
+#include "deploy/switch_strategy.hpp"
 
 #include "deploy/health_check.hpp"
 #include "deploy/launch.hpp"
@@ -179,8 +181,26 @@ constexpr std::array rows{
              was_rolling_back},
 };
 
+std::span<const PhaseRow> rows_of_restart() { return rows; }
+
+SwitchVerdict always_applies(const SwitchQuery& q) {
+  return {true, q.model.serve.switch_setting == "restart" ? "serve.switch is \"restart\"" : "restart always applies"};
+}
+
+// With downtime_first the old service stops right after planning, so warming runs while nothing serves.
+SwitchSteps restart_steps(bool downtime_first) {
+  if (downtime_first) return {{Step::stopping_old}, {Step::launching, Step::health_checking}};
+  return {{}, {Step::stopping_old, Step::launching, Step::health_checking}};
+}
+
+// stopping_old's durable decision (Decisions::stopping_old): from here on the old service may be down.
+bool old_stop_decided(const Deployment& d) { return d.old_stopped; }
+
+constexpr SwitchStrategy restart{"restart", "restart", always_applies, restart_steps, rows_of_restart,
+                                 Step::rolling_back, old_stop_decided, ""};
+
 }  // namespace
 
-std::span<const PhaseRow> restart_rows() { return rows; }
+const SwitchStrategy& restart_switch() { return restart; }
 
 }  // namespace modeld::deploy
