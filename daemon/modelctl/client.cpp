@@ -18,6 +18,7 @@
 #include <boost/beast/http/write.hpp>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <poll.h>
 #include <sys/un.h>
 
@@ -145,6 +146,21 @@ modeld::Result<Reply> Daemon::call(const std::string& method, const std::string&
 int report_unreachable(const Daemon& daemon, const modeld::Error& error) {
   fmt::print(stderr, "modelctl: cannot reach modeld at {}: {}\n", daemon.socket_path(), error.message);
   return exit_unreachable;
+}
+
+int report_unreadable(const modeld::Error& error) {
+  fmt::print(stderr, "modelctl: modeld answered with a body modelctl cannot read: {}\n", error.message);
+  return exit_failed;
+}
+
+modeld::Result<std::optional<modeld::wire::Event>> read_event(const Event& e) {
+  using Read = std::optional<modeld::wire::Event>;
+  auto data = nlohmann::json::parse(e.data, nullptr, false);
+  auto kind = modeld::wire::event_kind_from_string(e.kind);
+  if (!data.is_object() || !kind) return Read();
+  auto event = modeld::wire::event_from_json(*kind, data);
+  if (!event) return event.error();
+  return Read(std::move(*event));
 }
 
 struct EventStream::Impl {

@@ -1,12 +1,15 @@
 #pragma once
 // modelctl's side of the control API: blocking HTTP/1.1 requests over modeld's Unix socket,
-// with a deadline on every read and write, and an incremental reader for GET /v1/events.
+// with a deadline on every read and write, and an incremental reader for GET /v1/events whose
+// events read as lib/wire's.
 
 #include "util/error.hpp"
+#include "wire/event.hpp"
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace modelctl {
@@ -29,6 +32,11 @@ struct Event {
   std::string kind;
   std::string data;
 };
+
+/// `e` read as the wire event of its kind: nullopt for an event modelctl passes over (data that
+/// is not a JSON object, or a kind this modelctl does not know: a newer daemon's); bad_request
+/// "event: ..." when its data does not read as its kind's.
+modeld::Result<std::optional<modeld::wire::Event>> read_event(const Event& e);
 
 /// The daemon at one socket path. Every failure to talk to it (no socket, refused, permission
 /// denied, connection lost, no answer within the deadline) is Errc::network_error whose
@@ -55,6 +63,11 @@ class Daemon {
 /// Prints the contract's one line for an unreachable daemon to stderr ("modelctl: cannot reach
 /// modeld at SOCKET: REASON") and returns exit_unreachable.
 int report_unreachable(const Daemon& daemon, const modeld::Error& error);
+
+/// Prints the one line for an answer or event modelctl cannot read (a daemon of another version)
+/// to stderr ("modelctl: modeld answered with a body modelctl cannot read: REASON") and returns
+/// exit_failed.
+int report_unreadable(const modeld::Error& error);
 
 /// An open GET /v1/events stream. The daemon subscribes before it answers, so every event
 /// after open() returns is delivered.

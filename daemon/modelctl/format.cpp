@@ -1,5 +1,5 @@
-// modelctl's human output. Missing or mistyped fields print as "-" rather than failing: a
-// newer or older daemon may differ, and status output must not be what breaks.
+// modelctl's human output, from the answers read into lib/wire's types (an answer of another
+// daemon version that does not read as them fails before anything is printed).
 
 #include "modelctl/format.hpp"
 
@@ -19,15 +19,19 @@ namespace modelctl {
 namespace {
 
 using nlohmann::json;
+using modeld::wire::FileProgress;
+using modeld::wire::Progress;
+using modeld::wire::Record;
+using modeld::wire::ServiceInfo;
+using modeld::wire::Status;
+using modeld::wire::WatchdogStatus;
 
-std::uint64_t uint(const json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return 0;
-  return j[key].get<std::uint64_t>();
-}
-
-double num(const json& j, const char* key, double fallback = 0) {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return fallback;
-  return j[key].get<double>();
+// The stable name of a phase, state, kind or error code.
+template <class E>
+std::string named(E value) {
+  using modeld::to_string;
+  using modeld::wire::to_string;
+  return std::string(to_string(value));
 }
 
 // Visible width of UTF-8 text without escape sequences (the table pads colored cells).
@@ -48,11 +52,31 @@ std::size_t width(const std::string& s) {
   return w;
 }
 
+// "37% of 547 GB at 1.2 GB/s, 4 min left" for `done` of `total` bytes; empty when total is 0.
+std::string progress_text(std::uint64_t done, std::uint64_t total, double rate, const std::optional<double>& eta_s) {
+  if (total == 0) return {};
+  done = std::min(done, total);
+  const auto percent = static_cast<unsigned>(done * 100 / total);
+  std::string out = fmt::format("{}% of {}", percent, modeld::util::format_bytes(total));
+  if (rate > 0) out += " at " + modeld::util::format_rate(rate);
+  if (eta_s && done < total) {
+    auto eta = std::chrono::seconds(static_cast<long long>(std::ceil(*eta_s)));
+    out += ", " + modeld::util::format_duration(eta) + " left";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string str(const json& j, const char* key, std::string fallback) {
   if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
-  return modeld::util::escape_control(j[key].get_ref<const std::string&>());
+  return esc(j[key].get_ref<const std::string&>());
+}
+
+std::string esc(const std::string& text) { return modeld::util::escape_control(text); }
+
+std::string esc_or(const std::optional<std::string>& text, const std::string& fallback) {
+  return text ? esc(*text) : fallback;
 }
 
 std::string Style::state(const std::string& text) const {
@@ -69,19 +93,13 @@ std::string Style::bold(const std::string& text) const {
   return color ? fmt::format("\x1b[1m{}\x1b[0m", text) : text;
 }
 
-std::string short_commit(const json& commit) {
-  if (!commit.is_string()) return "-";
-  return modeld::util::escape_control(commit.get_ref<const std::string&>().substr(0, 12));
-}
+std::string short_commit(const std::string& commit) { return esc(commit.substr(0, 12)); }
 
-std::string gpu_text(const json& ids) {
-  if (ids.is_null()) return "all";
-  if (!ids.is_array()) return "-";
-  std::vector<std::uint64_t> v;
-  for (const auto& i : ids) {
-    if (!i.is_number_unsigned()) return "-";
-    v.push_back(i.get<std::uint64_t>());
-  }
+std::string short_commit(const std::optional<std::string>& commit) { return commit ? short_commit(*commit) : "-"; }
+
+std::string gpu_text(const std::optional<std::vector<unsigned>>& ids) {
+  if (!ids) return "all";
+  std::vector<unsigned> v = *ids;
   if (v.empty()) return "none";
   std::sort(v.begin(), v.end());
   v.erase(std::unique(v.begin(), v.end()), v.end());
@@ -95,33 +113,25 @@ std::string gpu_text(const json& ids) {
   return fmt::format("{}", fmt::join(runs, ","));
 }
 
-std::string kind_prefix(const json& d) {
-  const auto kind = str(d, "kind", "deploy");
-  return kind == "deploy" ? std::string() : kind + " ";
+std::string kind_prefix(const Record& d) {
+  return d.kind == modeld::wire::Kind::deploy ? std::string() : named(d.kind) + " ";
 }
 
-std::string progress_line(const json& p) {
-  const auto total = uint(p, "bytes_total");
-  if (total == 0) return {};
-  const auto done = std::min(uint(p, "bytes_done"), total);
-  const auto percent = static_cast<unsigned>(done * 100 / total);
-  std::string out = fmt::format("{}% of {}", percent, modeld::util::format_bytes(total));
-  if (double rate = num(p, "rate_bytes_per_s"); rate > 0)
-    out += " at " + modeld::util::format_rate(rate);
-  if (p.is_object() && p.contains("eta_s") && p["eta_s"].is_number() && done < total) {
-    auto eta = std::chrono::seconds(static_cast<long long>(std::ceil(p["eta_s"].get<double>())));
-    out += ", " + modeld::util::format_duration(eta) + " left";
-  }
-  return out;
+std::string progress_line(const Progress& p) {
+  return progress_text(p.bytes_done, p.bytes_total, p.rate_bytes_per_s, p.eta_s);
 }
 
-std::string progress_summary(const json& p) {
+std::string progress_line(const FileProgress& f) {
+  return progress_text(f.bytes_done, f.bytes_total, f.rate_bytes_per_s, f.eta_s);
+}
+
+std::string progress_summary(const Progress& p) {
   auto text = progress_line(p);
   if (text.empty()) return text;
-  return fmt::format("{} ({} of {} files)", text, uint(p, "files_done"), uint(p, "files_total"));
+  return fmt::format("{} ({} of {} files)", text, p.files_done, p.files_total);
 }
 
-bool progress_complete(const json& p) { return uint(p, "bytes_done") >= uint(p, "bytes_total"); }
+bool progress_complete(const Progress& p) { return p.bytes_done >= p.bytes_total; }
 
 std::string progress_bar(std::uint64_t done, std::uint64_t total, std::size_t width) {
   if (width < 3) return {};
@@ -181,56 +191,53 @@ std::string pad(const std::string& s, std::size_t n) {
 
 }  // namespace
 
-std::vector<std::string> progress_lines(const json& p, std::size_t columns, std::size_t max_files) {
+std::vector<std::string> progress_lines(const Progress& p, std::size_t columns, std::size_t max_files) {
   std::vector<std::string> out;
   const auto text = progress_summary(p);
   if (text.empty()) return out;
   const std::size_t bar = std::clamp<std::size_t>(columns / 4, 12, 32);
-  out.push_back(fmt::format("  {} {}", progress_bar(uint(p, "bytes_done"), uint(p, "bytes_total"), bar), text));
-  if (!p.contains("files") || !p["files"].is_array()) return out;
-  const auto& files = p["files"];
+  out.push_back(fmt::format("  {} {}", progress_bar(p.bytes_done, p.bytes_total, bar), text));
   std::size_t name_width = 0;
-  for (const auto& f : files) name_width = std::max(name_width, width(str(f, "path")));
+  for (const auto& f : p.files) name_width = std::max(name_width, width(esc(f.path)));
   name_width = std::min<std::size_t>(name_width, 40);
   std::size_t shown = 0;
-  for (const auto& f : files) {
+  for (const auto& f : p.files) {
     if (shown == max_files) {
-      out.push_back(fmt::format("    ... and {} more", files.size() - shown));
+      out.push_back(fmt::format("    ... and {} more", p.files.size() - shown));
       break;
     }
     ++shown;
-    std::string line = fmt::format("    {} {} {}", pad(elide_front(str(f, "path"), name_width), name_width),
-                                   progress_bar(uint(f, "bytes_done"), uint(f, "bytes_total"), bar), progress_line(f));
-    if (auto c = uint(f, "connections"); c > 1) line += fmt::format(" over {} connections", c);
+    std::string line = fmt::format("    {} {} {}", pad(elide_front(esc(f.path), name_width), name_width),
+                                   progress_bar(f.bytes_done, f.bytes_total, bar), progress_line(f));
+    if (f.connections > 1) line += fmt::format(" over {} connections", f.connections);
     out.push_back(std::move(line));
   }
   return out;
 }
 
-std::string switch_text(const json& d) {
-  const auto& s = d.is_object() ? d.value("switch", json()) : json();
-  if (!s.is_object()) return "";
-  return modeld::wire::describe_switch(num(s, "downtime_s"), num(s, "stop_s"), num(s, "launch_s"),
-                                       num(s, "start_to_port_s"), num(s, "port_to_ready_s"));
+std::string switch_text(const Record& d) {
+  if (!d.switch_report) return "";
+  const auto& s = *d.switch_report;
+  return modeld::wire::describe_switch(s.downtime_s, s.stop_s, s.launch_s, s.start_to_port_s, s.port_to_ready_s);
 }
 
-std::vector<std::string> deployment_lines(const json& d, const Style& style, std::size_t columns) {
+std::vector<std::string> deployment_lines(const Record& d, const Style& style, std::size_t columns) {
   std::vector<std::string> out;
-  const auto state = str(d, "state");
-  const bool running = state == "running";
+  const auto state = named(d.state);
+  const bool running = !d.ended();
   out.push_back(fmt::format("{} {}{} of {} (commit {})", running ? "Deployment: " : "Last deployment:", kind_prefix(d),
-                            str(d, "id"), style.bold(str(d, "model")), short_commit(d.value("commit", json()))));
+                            esc(d.id), style.bold(esc(d.model)), short_commit(d.commit)));
   if (running) {
-    out.push_back(fmt::format("  Phase:     {}, {}", str(d, "phase"), style.state(state)));
-    for (auto& line : progress_lines(d.value("progress", json()), columns)) out.push_back(std::move(line));
+    out.push_back(fmt::format("  Phase:     {}, {}", named(d.phase), style.state(state)));
+    for (auto& line : progress_lines(d.progress, columns)) out.push_back(std::move(line));
   } else {
-    out.push_back(fmt::format("  Result:    {} in phase {}", style.state(state), str(d, "phase")));
+    out.push_back(fmt::format("  Result:    {} in phase {}", style.state(state), named(d.phase)));
   }
-  if (const auto& e = d.value("error", json()); e.is_object())
-    out.push_back(fmt::format("  Error:     {}: {}", str(e, "code"), str(e, "message")));
+  if (d.error) out.push_back(fmt::format("  Error:     {}: {}", named(d.error->code), esc(d.error->message)));
   if (auto s = switch_text(d); !s.empty()) out.push_back("  Switch:    " + s);
-  out.push_back(fmt::format("  Started:   {}", str(d, "started_at")));
-  if (auto f = str(d, "finished_at", ""); !f.empty()) out.push_back(fmt::format("  Finished:  {}", f));
+  // A record known only from its events (watch) has no start time.
+  out.push_back(fmt::format("  Started:   {}", d.started_at.empty() ? "-" : esc(d.started_at)));
+  if (auto f = esc_or(d.finished_at, ""); !f.empty()) out.push_back(fmt::format("  Finished:  {}", f));
   return out;
 }
 
@@ -254,125 +261,113 @@ std::string aligned(const std::vector<std::vector<std::string>>& rows, const std
 }
 
 // The entry of `model` in GET /v1/status "services", or null.
-json service_of(const json& services, const std::string& model) {
-  if (services.is_array())
-    for (const auto& s : services)
-      if (str(s, "model", "") == model) return s;
-  return json();
+const ServiceInfo* service_of(const std::vector<ServiceInfo>& services, const std::string& model) {
+  for (const auto& s : services)
+    if (s.model == model) return &s;
+  return nullptr;
 }
 
 // The "Active:" line: the model put into service last, with its GPUs when "services" has it.
-std::string active_line(const json& status) {
-  const auto& a = status.value("active", json());
-  if (!a.is_object()) return "Active:      none\n";
-  const auto service = service_of(status.value("services", json()), str(a, "model", ""));
-  const std::string gpus = service.is_object() ? ", GPUs " + gpu_text(service.value("gpu_ids", json())) : "";
-  return fmt::format("Active:      {} (commit {}), {} on port {}{}, since {}\n", str(a, "model"),
-                     short_commit(a.value("commit", json())), str(a, "unit"), uint(a, "port"), gpus, str(a, "since"));
+std::string active_line(const Status& status) {
+  if (!status.active) return "Active:      none\n";
+  const auto& a = *status.active;
+  const auto* service = service_of(status.services, a.model);
+  const std::string gpus = service ? ", GPUs " + gpu_text(service->gpu_ids) : "";
+  return fmt::format("Active:      {} (commit {}), {} on port {}{}, since {}\n", esc(a.model), short_commit(a.commit),
+                     esc(a.unit), a.port, gpus, esc(a.since));
 }
 
 // A watchdog record as the "Watchdog:" line and, after a restart, a "Restarted:" line.
-std::string watchdog_lines(const json& w) {
-  if (!w.is_object()) return "";
-  const auto restarts = uint(w, "restarts");
-  std::string line = fmt::format("Watchdog:    {}, {} restart{}", str(w, "state"), restarts, restarts == 1 ? "" : "s");
-  if (auto n = uint(w, "consecutive_failures"); n > 0)
-    line += fmt::format(", {} failed probe{} in a row", n, n == 1 ? "" : "s");
-  if (w.contains("last_probe_ok") && w["last_probe_ok"].is_boolean())
-    line += fmt::format(", last probe {} at {}", w["last_probe_ok"].get<bool>() ? "ok" : "failed",
-                        str(w, "last_probe_at"));
+std::string watchdog_lines(const std::optional<WatchdogStatus>& watchdog) {
+  if (!watchdog) return "";
+  const auto& w = *watchdog;
+  std::string line =
+      fmt::format("Watchdog:    {}, {} restart{}", esc(w.state), w.restarts, w.restarts == 1 ? "" : "s");
+  if (auto n = w.consecutive_failures; n > 0) line += fmt::format(", {} failed probe{} in a row", n, n == 1 ? "" : "s");
+  if (w.last_probe_ok)
+    line += fmt::format(", last probe {} at {}", *w.last_probe_ok ? "ok" : "failed", esc_or(w.last_probe_at));
   std::string out = line + "\n";
-  if (auto at = str(w, "last_restart_at", ""); !at.empty())
-    out += fmt::format("  Restarted: {}: {}\n", at, str(w, "last_restart_reason"));
+  if (auto at = esc_or(w.last_restart_at, ""); !at.empty())
+    out += fmt::format("  Restarted: {}: {}\n", at, esc_or(w.last_restart_reason));
   return out;
 }
 
 // A service's watchdog in one table cell: "-" when not watched, else its state and restarts.
-std::string watchdog_cell(const json& w) {
-  if (!w.is_object()) return "-";
-  std::string out = str(w, "state");
-  if (auto n = uint(w, "restarts"); n > 0) out += fmt::format(", {} restart{}", n, n == 1 ? "" : "s");
+std::string watchdog_cell(const std::optional<WatchdogStatus>& w) {
+  if (!w) return "-";
+  std::string out = esc(w->state);
+  if (auto n = w->restarts; n > 0) out += fmt::format(", {} restart{}", n, n == 1 ? "" : "s");
   return out;
 }
 
 // Every service in a table, when more than one serves (one is the "Active:" line already).
-std::string services_table(const json& services) {
-  if (!services.is_array() || services.size() < 2) return "";
+std::string services_table(const std::vector<ServiceInfo>& services) {
+  if (services.size() < 2) return "";
   std::vector<std::vector<std::string>> rows{{"MODEL", "COMMIT", "UNIT", "PORT", "GPUS", "SINCE", "WATCHDOG"}};
   for (const auto& s : services)
-    rows.push_back({str(s, "model"), short_commit(s.value("commit", json())), str(s, "unit"),
-                    std::to_string(uint(s, "port")), gpu_text(s.value("gpu_ids", json())), str(s, "since"),
-                    watchdog_cell(s.value("watchdog", json()))});
+    rows.push_back({esc(s.model), short_commit(s.commit), esc(s.unit), std::to_string(s.port), gpu_text(s.gpu_ids),
+                    esc(s.since), watchdog_cell(s.watchdog)});
   return fmt::format("Services:    {} in service (the last put into service is the active one)\n", services.size()) +
          aligned(rows, "  ");
 }
 
+// The download's progress of GET /v1/status's deployment: the whole, then each file in flight.
+std::string progress_block(const Progress& p) {
+  auto line = progress_line(p);
+  if (line.empty()) return "";
+  std::string out = fmt::format("  Progress:  {} ({} of {} files)\n", line, p.files_done, p.files_total);
+  for (const auto& f : p.files) {
+    std::string file = fmt::format("    {}: {}", esc(f.path), progress_line(f));
+    if (f.connections > 1) file += fmt::format(" over {} connections", f.connections);
+    out += file + "\n";
+  }
+  return out;
+}
+
 // The deployment of GET /v1/status: its id (after its kind when it is no deploy), model, phase,
 // state, progress, times, error, switch and benchmark.
-std::string deployment_text(const json& d, const Style& style) {
-  if (!d.is_object()) return "Deployment:  none\n";
-  std::string out = fmt::format("Deployment:  {}{}\n", kind_prefix(d), str(d, "id"));
-  out += fmt::format("  Model:     {} (commit {})\n", str(d, "model"), short_commit(d.value("commit", json())));
-  out += fmt::format("  Phase:     {}\n", str(d, "phase"));
-  out += fmt::format("  State:     {}\n", style.state(str(d, "state")));
-  if (auto p = progress_line(d.value("progress", json())); !p.empty()) {
-    const auto& pj = d["progress"];
-    out += fmt::format("  Progress:  {} ({} of {} files)\n", p, uint(pj, "files_done"), uint(pj, "files_total"));
-    if (pj.contains("files") && pj["files"].is_array())
-      for (const auto& f : pj["files"]) {
-        std::string line = fmt::format("    {}: {}", str(f, "path"), progress_line(f));
-        if (auto c = uint(f, "connections"); c > 1) line += fmt::format(" over {} connections", c);
-        out += line + "\n";
-      }
-  }
-  out += fmt::format("  Started:   {}\n", str(d, "started_at"));
-  if (auto f = str(d, "finished_at", ""); !f.empty()) out += fmt::format("  Finished:  {}\n", f);
-  if (const auto& e = d.value("error", json()); e.is_object())
-    out += fmt::format("  Error:     {}: {}\n", str(e, "code"), str(e, "message"));
+std::string deployment_text(const std::optional<Record>& deployment, const Style& style) {
+  if (!deployment) return "Deployment:  none\n";
+  const auto& d = *deployment;
+  std::string out = fmt::format("Deployment:  {}{}\n", kind_prefix(d), esc(d.id));
+  out += fmt::format("  Model:     {} (commit {})\n", esc(d.model), short_commit(d.commit));
+  out += fmt::format("  Phase:     {}\n", named(d.phase));
+  out += fmt::format("  State:     {}\n", style.state(named(d.state)));
+  out += progress_block(d.progress);
+  out += fmt::format("  Started:   {}\n", esc(d.started_at));
+  if (auto f = esc_or(d.finished_at, ""); !f.empty()) out += fmt::format("  Finished:  {}\n", f);
+  if (d.error) out += fmt::format("  Error:     {}: {}\n", named(d.error->code), esc(d.error->message));
   if (auto sw = switch_text(d); !sw.empty()) out += "  Switch:    " + sw + "\n";
-  if (const auto& b = d.value("benchmark", json()); b.is_object())
-    out += fmt::format("  Benchmark: first token {:.2f} s, {:.1f} tokens/s\n", num(b, "ttft_s"),
-                       num(b, "decode_tokens_per_s"));
+  if (d.benchmark_ttft_s)
+    out += fmt::format("  Benchmark: first token {:.2f} s, {:.1f} tokens/s\n", *d.benchmark_ttft_s,
+                       d.benchmark_decode_tokens_per_s.value_or(0));
   return out;
 }
 
 }  // namespace
 
-std::string services_line(const json& services) {
-  if (!services.is_array() || services.size() < 2) return "";
+std::string services_line(const std::vector<ServiceInfo>& services) {
+  if (services.size() < 2) return "";
   std::vector<std::string> each;
   for (const auto& s : services)
-    each.push_back(fmt::format("{} (port {}, GPUs {})", str(s, "model"), uint(s, "port"),
-                               gpu_text(s.value("gpu_ids", json()))));
+    each.push_back(fmt::format("{} (port {}, GPUs {})", esc(s.model), s.port, gpu_text(s.gpu_ids)));
   return fmt::format("{}", fmt::join(each, ", "));
 }
 
-std::string status_text(const json& s, const Style& style) {
-  const auto& daemon = s.value("daemon", json::object());
-  auto uptime = std::chrono::seconds(static_cast<long long>(num(daemon, "uptime_s")));
-  std::string out = fmt::format("{} {}, up {}\n", style.bold("modeld"), str(daemon, "version"),
+std::string status_text(const Status& s, const Style& style) {
+  auto uptime = std::chrono::seconds(static_cast<long long>(s.uptime_s));
+  std::string out = fmt::format("{} {}, up {}\n", style.bold("modeld"), esc(s.version),
                                 modeld::util::format_duration(uptime));
   out += active_line(s);
-  out += watchdog_lines(s.value("watchdog", json()));
-  out += services_table(s.value("services", json()));
-  return out + deployment_text(s.value("deployment", json()), style);
+  out += watchdog_lines(s.watchdog);
+  out += services_table(s.services);
+  return out + deployment_text(s.deployment, style);
 }
 
 namespace {
 
 using modeld::wire::ModelInfo;
 using modeld::wire::PlanReport;
-
-// A string of an answer as modelctl prints it: control characters escaped (see str()).
-std::string esc(const std::string& s) { return modeld::util::escape_control(s); }
-
-// An optional string of an answer, or `fallback` when it is null.
-std::string esc_or(const std::optional<std::string>& s, const std::string& fallback = "-") {
-  return s ? esc(*s) : fallback;
-}
-
-// The first 12 characters of a commit, escaped; "-" when null.
-std::string commit12(const std::optional<std::string>& c) { return c ? esc(c->substr(0, 12)) : "-"; }
 
 // The revisions on disk of every model, one line each, after the models' table: nothing when no
 // model has a revision on disk.
@@ -395,7 +390,7 @@ std::string models_table(const std::vector<ModelInfo>& models, const Style& styl
       {"NAME", "STATE", "SIZE", "COMMIT", "ACTIVE", "PINNED", "LAST ACTIVE", "REPO"}};
   for (const auto& m : models) {
     rows.push_back({esc(m.name), style.state(esc(m.state)),
-                    m.size_bytes ? modeld::util::format_bytes(m.size_bytes) : "-", commit12(m.commit),
+                    m.size_bytes ? modeld::util::format_bytes(m.size_bytes) : "-", short_commit(m.commit),
                     m.active ? "yes" : "-", m.pinned ? "yes" : "-", esc_or(m.last_active),
                     esc(m.repo) + (m.revision.empty() ? "" : "@" + esc(m.revision))});
   }
@@ -431,10 +426,10 @@ std::string preflight_text(const PlanReport& p, const Style& style) {
 // The plan's head and what it would fetch and keep: up to its "Reserve:" line.
 std::string plan_sizes(const PlanReport& p, const Style& style) {
   std::string out = fmt::format("Plan for {} ({}@{}, commit {}){}\n", style.bold(esc(p.model)), esc(p.repo),
-                                esc(p.revision), commit12(p.commit), p.allow_downtime ? ", downtime allowed" : "");
+                                esc(p.revision), short_commit(p.commit), p.allow_downtime ? ", downtime allowed" : "");
   if (p.already_serving)
     out += fmt::format("  {} already serves commit {} with the same settings: deploying it changes nothing\n",
-                       esc(p.model), commit12(p.commit));
+                       esc(p.model), short_commit(p.commit));
   out += fmt::format("  Files:      {}, {}\n", files(p.files_total), bytes(p.bytes_total));
   if (p.verified)
     out += "  To fetch:   nothing: this commit is on disk and verified\n";
@@ -506,7 +501,7 @@ std::string verify_text(const modeld::wire::VerifyReport& r, const Style& style)
   const std::string summary =
       problems.empty() ? style.state("verified")
                        : fmt::format("{} problem{}", problems.size(), problems.size() == 1 ? "" : "s");
-  std::string out = fmt::format("{} at {}: {}, {}: {}\n", esc(r.model), commit12(r.commit), files(r.files),
+  std::string out = fmt::format("{} at {}: {}, {}: {}\n", esc(r.model), short_commit(r.commit), files(r.files),
                                 bytes(r.bytes), summary);
   for (const auto& p : problems) out += fmt::format("  {}: {}\n", esc(p.code), esc(p.message));
   return out;

@@ -60,10 +60,19 @@ template <class T>
 std::optional<T> read_answer(const json& j, modeld::Result<T> (*parse)(const json&)) {
   auto v = parse(j);
   if (!v) {
-    fmt::print(stderr, "modelctl: modeld answered with a body modelctl cannot read: {}\n", v.error().message);
+    modelctl::report_unreadable(v.error());
     return std::nullopt;
   }
   return std::move(*v);
+}
+
+// The answer `r` read as the wire type T by `parse`: nullopt, with the contract's one line on
+// stderr, when it is not JSON or not a T.
+template <class T>
+std::optional<T> read_reply(const modelctl::Reply& r, modeld::Result<T> (*parse)(const json&)) {
+  auto j = parse_body(r);
+  if (!j) return std::nullopt;
+  return read_answer(*j, parse);
 }
 
 void print_raw(const std::string& body) {
@@ -84,8 +93,11 @@ void print_error(const Context& c, const modelctl::Reply& r) {
   fmt::print(stderr, "modelctl: {}\n", message);
 }
 
-// GETs `path` and prints the answer: as it is with --json, else through `render`.
-int show(Context& c, const char* path, std::string (*render)(const json&, const modelctl::Style&)) {
+// GETs `path` and prints the answer: as it is with --json, else read as T by `parse` and
+// shown through `render` (exit 1 when it does not read).
+template <class T>
+int show(Context& c, const char* path, modeld::Result<T> (*parse)(const json&),
+         std::string (*render)(const T&, const modelctl::Style&)) {
   auto r = c.daemon.call("GET", path);
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status != 200) {
@@ -96,22 +108,15 @@ int show(Context& c, const char* path, std::string (*render)(const json&, const 
     print_raw(r->body);
     return exit_ok;
   }
-  auto j = parse_body(*r);
-  if (!j) return exit_failed;
-  std::fputs(render(*j, c.style).c_str(), stdout);
+  auto answer = read_reply(*r, parse);
+  if (!answer) return exit_failed;
+  std::fputs(render(*answer, c.style).c_str(), stdout);
   return exit_ok;
 }
 
-int cmd_status(Context& c) { return show(c, "/v1/status", modelctl::status_text); }
+int cmd_status(Context& c) { return show(c, "/v1/status", modeld::wire::status_from_json, modelctl::status_text); }
 
-// GET /v1/models read as wire::ModelInfo and shown as models_table(); "" (and the line on stderr
-// read_answer() prints) for an answer modelctl cannot read.
-std::string models_text(const json& j, const modelctl::Style& style) {
-  auto models = read_answer(j, modeld::wire::models_from_json);
-  return models ? modelctl::models_table(*models, style) : std::string();
-}
-
-int cmd_models(Context& c) { return show(c, "/v1/models", models_text); }
+int cmd_models(Context& c) { return show(c, "/v1/models", modeld::wire::models_from_json, modelctl::models_table); }
 
 // Shows a deployment's phases and download progress: phases as lines that stay; progress on a
 // terminal as a block (the whole download and each file in flight, with bars) redrawn in place
@@ -121,7 +126,7 @@ class ProgressPrinter {
   explicit ProgressPrinter(bool tty)
       : tty_(tty), throttle_(tty ? modelctl::live_progress_interval : modelctl::plain_progress_interval) {}
 
-  void progress(const json& p) {
+  void progress(const modeld::wire::Progress& p) {
     const bool complete = modelctl::progress_complete(p);
     if (tty_) {
       auto lines = modelctl::progress_lines(p, modelctl::terminal_size(STDOUT_FILENO).columns);
@@ -148,48 +153,46 @@ class ProgressPrinter {
   modelctl::LiveBlock block_;
 };
 
-// Follows deployment `id` on `events` until it ends; false when the daemon became unreachable
-// (the message is printed).
-bool follow_deployment(Context& c, const std::string& id, modelctl::EventStream& events) {
+// Shows event `e` of the followed deployment (nothing with --json, where only the end counts):
+// phases as lines, the download's progress through `out`; true when it says the deployment ended.
+bool show_event(const Context& c, const modeld::wire::Event& e, ProgressPrinter& out) {
+  using modeld::wire::EventKind;
+  if (e.kind == EventKind::state) return e.state != modeld::wire::State::running;
+  if (c.json) return false;
+  if (e.kind == EventKind::phase)
+    out.line(fmt::format("phase: {}", modeld::wire::to_string(e.phase)));
+  else if (e.kind == EventKind::progress && e.phase != modeld::wire::Phase::warming)  // the download's
+    out.progress(e.progress);
+  return false;
+}
+
+// Follows deployment `id` on `events` until it ends: exit_ok, else the exit code of a daemon that
+// became unreachable or sent what modelctl cannot read (the message is printed).
+int follow_deployment(Context& c, const std::string& id, modelctl::EventStream& events) {
   ProgressPrinter out(c.tty);
   constexpr int max_reconnects = 10;
   for (int attempt = 0;; ++attempt) {
     bool ended = false;
-    auto r = events.follow([&](const modelctl::Event& e) {
-      auto j = json::parse(e.data, nullptr, false);
-      if (!j.is_object() || j.value("id", "") != id) return true;
-      if (c.json) return !(e.kind == "state" && j.value("state", "running") != "running");
-      if (e.kind == "phase") {
-        out.line(fmt::format("phase: {}", modelctl::str(j, "phase", "?")));
-      } else if (e.kind == "progress" && !j.contains("warm")) {  // the download's progress
-        out.progress(j.value("progress", json()));
-      } else if (e.kind == "state") {
-        auto state = j.value("state", "running");
-        if (state != "running") {
-          ended = true;
-          return false;
-        }
-      }
-      return true;
+    std::optional<modeld::Error> unreadable;
+    auto r = events.follow([&](const modelctl::Event& raw) {
+      auto e = modelctl::read_event(raw);
+      if (!e) unreadable = e.error();
+      else if (*e && (*e)->id == id) ended = show_event(c, **e, out);
+      return !ended && !unreadable;
     });
-    if (r || ended) return true;
+    if (unreadable) return modelctl::report_unreadable(*unreadable);
+    if (r || ended) return exit_ok;
     // The stream broke (a daemon restart continues the deployment): reconnect, then ask
     // whether it ended while no one listened.
-    if (attempt >= max_reconnects) {
-      unreachable(c.daemon, r.error());
-      return false;
-    }
-    if (auto reopened = events.open(); !reopened) {
-      unreachable(c.daemon, reopened.error());
-      return false;
-    }
+    if (attempt >= max_reconnects) return unreachable(c.daemon, r.error());
+    if (auto reopened = events.open(); !reopened) return unreachable(c.daemon, reopened.error());
     auto d = c.daemon.call("GET", "/v1/deployments/" + modeld::util::url_encode_segment(id));
-    if (!d) {
-      unreachable(c.daemon, d.error());
-      return false;
-    }
+    if (!d) return unreachable(c.daemon, d.error());
     auto j = json::parse(d->body, nullptr, false);
-    if (d->status == 200 && j.is_object() && j.value("state", "running") != "running") return true;
+    if (d->status != 200 || !j.is_object()) continue;
+    auto record = read_answer(j, modeld::wire::record_from_json);
+    if (!record) return exit_failed;
+    if (record->ended()) return exit_ok;
   }
 }
 
@@ -216,9 +219,9 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
     print_error(c, *r);
     return r->status >= 400 && r->status < 500 ? exit_refused : exit_failed;
   }
-  auto d = parse_body(*r);
+  auto d = read_reply(*r, modeld::wire::record_from_json);
   if (!d) return exit_failed;
-  const std::string id = d->value("id", "");
+  const std::string id = d->id;
   if (!wait) {
     if (c.json)
       print_raw(r->body);
@@ -228,8 +231,31 @@ int start_record(Context& c, const std::string& name, bool wait, const Start& s)
   }
   if (!c.json) fmt::print("{} {} ({} {})\n", s.doing, name, s.noun, id);
   std::fflush(stdout);
-  if (!follow_deployment(c, id, *events)) return exit_unreachable;
+  if (int code = follow_deployment(c, id, *events); code != exit_ok) return code;
   return report_end(c, name, id, s.noun);
+}
+
+// Prints how record `d`, `id` of model `name` (a `noun_of_kind`: "deployment", "pull", "stop"),
+// ended, as deploy --wait does.
+void print_end(const Context& c, const std::string& name, const std::string& id, const modeld::wire::Record& d,
+               const std::string& noun_of_kind) {
+  std::string noun = noun_of_kind;
+  noun[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(noun[0])));
+  const std::string state(modeld::wire::to_string(d.state));
+  const bool succeeded = d.state == modeld::wire::State::succeeded;
+  // The switch first: the result stays the last line, which scripts read.
+  if (auto sw = modelctl::switch_text(d); !sw.empty()) fmt::print("Switch: {}\n", sw);
+  if (succeeded && !d.changed && noun_of_kind == "deployment")
+    fmt::print("{} {} {}: {} already serving, nothing to do\n", noun, id, c.style.state(state), name);
+  else if (succeeded && !d.changed && noun_of_kind == "stop")
+    fmt::print("{} {} {}: {} was not in service, nothing to do\n", noun, id, c.style.state(state), name);
+  else if (succeeded)
+    fmt::print("{} {} {}{}\n", noun, id, c.style.state(state),
+               noun_of_kind == "pull" && !d.changed ? " (already on disk and verified)" : "");
+  else
+    fmt::print("{} {} {} in phase {}\n", noun, id, c.style.state(state), modeld::wire::to_string(d.phase));
+  if (d.error)
+    fmt::print(stderr, "modelctl: {}: {}\n", modeld::to_string(d.error->code), modelctl::esc(d.error->message));
 }
 
 // Prints how record `id` of model `name` (a `noun`: "deployment", "pull", "stop") ended, as
@@ -242,28 +268,10 @@ int report_end(Context& c, const std::string& name, const std::string& id, const
     return exit_failed;
   }
   if (c.json) print_raw(final->body);
-  auto f = parse_body(*final);
-  if (!f) return exit_failed;
-  const std::string state = f->value("state", "");
-  if (!c.json) {
-    std::string noun = noun_of_kind;
-    noun[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(noun[0])));
-    const bool changed = f->value("changed", true);
-    // The switch first: the result stays the last line, which scripts read.
-    if (auto sw = modelctl::switch_text(*f); !sw.empty()) fmt::print("Switch: {}\n", sw);
-    if (state == "succeeded" && !changed && noun_of_kind == "deployment")
-      fmt::print("{} {} {}: {} already serving, nothing to do\n", noun, id, c.style.state(state), name);
-    else if (state == "succeeded" && !changed && noun_of_kind == "stop")
-      fmt::print("{} {} {}: {} was not in service, nothing to do\n", noun, id, c.style.state(state), name);
-    else if (state == "succeeded")
-      fmt::print("{} {} {}{}\n", noun, id, c.style.state(state),
-                 noun_of_kind == "pull" && !changed ? " (already on disk and verified)" : "");
-    else
-      fmt::print("{} {} {} in phase {}\n", noun, id, c.style.state(state), modelctl::str(*f, "phase", "?"));
-    if (const auto& e = f->value("error", json()); e.is_object())
-      fmt::print(stderr, "modelctl: {}: {}\n", modelctl::str(e, "code", "error"), modelctl::str(e, "message", ""));
-  }
-  return state == "succeeded" ? exit_ok : exit_failed;
+  auto d = read_reply(*final, modeld::wire::record_from_json);
+  if (!d) return exit_failed;
+  if (!c.json) print_end(c, name, id, *d, noun_of_kind);
+  return d->state == modeld::wire::State::succeeded ? exit_ok : exit_failed;
 }
 
 // What `modelctl deploy` asks for besides the model.
@@ -287,9 +295,8 @@ int cmd_pull(Context& c, const std::string& name, bool wait, const std::string& 
 }
 
 // The noun of a record's kind, as start_record names it.
-std::string noun_of(const json& d) {
-  const std::string kind = d.value("kind", "deploy");
-  return kind == "deploy" ? "deployment" : kind;
+std::string noun_of(const modeld::wire::Record& d) {
+  return d.kind == modeld::wire::Kind::deploy ? "deployment" : std::string(modeld::wire::to_string(d.kind));
 }
 
 // `modelctl deployment ID [--wait]`: one record; with `wait`, followed to its end first.
@@ -305,21 +312,21 @@ int cmd_deployment(Context& c, const std::string& id, bool wait) {
     print_error(c, *r);
     return r->status == 404 ? exit_refused : exit_failed;
   }
-  auto d = parse_body(*r);
+  auto d = read_reply(*r, modeld::wire::record_from_json);
   if (!d) return exit_failed;
-  const std::string name = d->value("model", "");
+  const std::string name = d->model;
   if (!wait) {
     if (c.json)
       print_raw(r->body);
     else
-      fmt::print("{} {} of {}: {} in phase {}\n", noun_of(*d), id, name, modelctl::str(*d, "state", "?"),
-                 modelctl::str(*d, "phase", "?"));
+      fmt::print("{} {} of {}: {} in phase {}\n", noun_of(*d), id, name, modeld::wire::to_string(d->state),
+                 modeld::wire::to_string(d->phase));
     return exit_ok;
   }
-  if (d->value("state", "running") == "running") {
+  if (!d->ended()) {
     if (!c.json) fmt::print("Following {} {} of {}\n", noun_of(*d), id, name);
     std::fflush(stdout);
-    if (!follow_deployment(c, id, *events)) return exit_unreachable;
+    if (int code = follow_deployment(c, id, *events); code != exit_ok) return code;
   }
   return report_end(c, name, id, noun_of(*d));
 }
@@ -332,14 +339,18 @@ int cmd_stop(Context& c, const std::string& name, bool wait) {
 int cmd_cancel(Context& c) {
   auto s = c.daemon.call("GET", "/v1/status");
   if (!s) return unreachable(c.daemon, s.error());
-  auto status = parse_body(*s);
+  if (s->status != 200) {
+    print_error(c, *s);
+    return exit_failed;
+  }
+  auto status = read_reply(*s, modeld::wire::status_from_json);
   if (!status) return exit_failed;
-  const auto& d = status->value("deployment", json());
-  if (!d.is_object() || d.value("state", "") != "running") {
+  if (!status->deployment || status->deployment->ended()) {
     fmt::print(stderr, "modelctl: no deployment is running\n");
     return exit_failed;
   }
-  const std::string id = d.value("id", "");
+  const auto& d = *status->deployment;
+  const std::string& id = d.id;
   auto r = c.daemon.call("POST", "/v1/deployments/" + modeld::util::url_encode_segment(id) + "/cancel");
   if (!r) return unreachable(c.daemon, r.error());
   if (r->status == 200) {
@@ -347,9 +358,7 @@ int cmd_cancel(Context& c) {
       print_raw(r->body);
     else {
       // A pull or a stop is named by its kind, as status names it.
-      const std::string kind = d.value("kind", std::string("deploy"));
-      fmt::print("Cancelling {} {} of {}\n", kind == "deploy" ? std::string("deployment") : kind, id,
-                 modelctl::str(d, "model", "?"));
+      fmt::print("Cancelling {} {} of {}\n", noun_of(d), id, modelctl::esc(d.model));
     }
     return exit_ok;
   }

@@ -20,6 +20,8 @@ enum class EventKind { phase, progress, state, watcher };
 
 /// The SSE event name of `k`: "phase", "progress", "state" or "watcher"; pure.
 std::string_view to_string(EventKind k) noexcept;
+/// The kind named `s` by to_string(); nullopt when unknown (a newer daemon's event).
+std::optional<EventKind> event_kind_from_string(std::string_view s) noexcept;
 
 /// One event of the Deployer, as fields; JSON is made only where it leaves the daemon (to_json).
 struct Event {
@@ -41,5 +43,9 @@ struct Event {
 /// {id, model, state, phase, error}; a watcher event gives {model, watchdog} (the record as GET
 /// /v1/status's "watchdog" has it, never sent). Pure.
 nlohmann::json to_json(const Event& e);
+/// Reads the data of an event of kind `kind` as to_json() writes it (a progress event without
+/// "phase" is the download's, read as Phase::downloading; a state event's "error" may be
+/// missing); bad_request "event: ..." naming what is missing, mistyped or unknown.
+Result<Event> event_from_json(EventKind kind, const nlohmann::json& j);
 
 }  // namespace modeld::wire

@@ -177,4 +177,16 @@ Result<Record> record_from_json(const json& j) {
   }
 }
 
+Result<std::vector<Record>> deployments_from_json(const json& j) {
+  if (!j.is_object() || !j.contains("deployments") || !j["deployments"].is_array())
+    return make_error(Errc::bad_request, "deployments: expected an object with an array \"deployments\"");
+  std::vector<Record> out;
+  for (const auto& d : j["deployments"]) {
+    auto r = record_from_json(d);
+    if (!r) return r.error();
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
 }  // namespace modeld::wire

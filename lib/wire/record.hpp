@@ -134,5 +134,8 @@ std::optional<SwitchReport> switch_from_json(const nlohmann::json& j);
 /// "benchmark", "warm" and "switch" may be missing, as in records of older daemons); returns
 /// bad_request "deployment record: ..." naming what is missing, mistyped or unknown.
 Result<Record> record_from_json(const nlohmann::json& j);
+/// Reads the body of GET /v1/deployments, {"deployments": [DEPLOYMENT...]}, each record as
+/// record_from_json() does; bad_request naming what is missing, mistyped or unknown.
+Result<std::vector<Record>> deployments_from_json(const nlohmann::json& j);
 
 }  // namespace modeld::wire
