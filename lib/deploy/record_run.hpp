@@ -122,7 +122,7 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   /// that one's first step after warming (recorded, persisted, logged; awaited), and the row then
   /// returns success. False (nothing changed) when the strategy has no fallback: the row returns
   /// its error. (A row that gives up after its durable decision must leave nothing serving that
-  /// the fallback's steps would not replace.)
+  /// the fallback's steps would not replace.) `why` by reference: pass an lvalue (GCC 12).
   boost::asio::awaitable<bool> fall_back(const std::string& why);
   /// Models a failed rollback could not bring back: not watched once the run ends.
   std::set<std::string>& not_restored() { return not_restored_; }

@@ -39,7 +39,7 @@ SwitchChoice choose_switch(const Services& services, const SwitchQuery& q) {
   const auto table = table_of(services);
   const SwitchStrategy* s = nullptr;
   for (const auto* t : table)
-    if (t->setting == q.model.serve.switch_setting) s = t;
+    if (!s && t->setting == q.model.serve.switch_setting) s = t;
   if (!s) s = &restart_switch();  // config::load admits only the settings of built-in strategies
   std::string why_not;
   // A chain of fallbacks no longer than the table: a cycle ends with restart.

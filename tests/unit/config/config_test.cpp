@@ -744,6 +744,30 @@ TEST_CASE("serve.warm is auto or off, and daemon.warm_reserve a size left unset 
   }
 }
 
+TEST_CASE("serve.switch is restart by default and any other value is a problem at its line") {
+  TempDir dir;
+  SECTION("the default") {
+    fs::path main = dir.write("modeld.toml", std::string(kMinimalModel));
+    LoadResult r = load(main, Environment{});
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.switch_setting == "restart");
+  }
+  SECTION("restart written") {
+    fs::path main = dir.write("modeld.toml", std::string(kMinimalModel) + "switch = \"restart\"\n");
+    LoadResult r = load(main, Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.switch_setting == "restart");
+  }
+  SECTION("another value") {
+    fs::path main = dir.write("modeld.toml", std::string(kMinimalModel) + "switch = \"reload\"\n");
+    LoadResult r = load(main, Environment{});
+    const Problem* p = find_problem(r, "models.m.serve.switch must be \"restart\", got \"reload\"");
+    REQUIRE(p != nullptr);
+    CHECK(p->line == 6);
+  }
+}
+
 // -- Several models on one host: serve.gpu_ids, serve.gpus derived from it, and the refusals
 // across models (interface.md "Several models on one host").
 

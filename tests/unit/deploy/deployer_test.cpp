@@ -8,6 +8,8 @@
 // map those errors.
 
 #include "deploy/deployer.hpp"
+#include "deploy/record_run.hpp"
+#include "deploy/switch_strategy.hpp"
 #include "deploy/free_disk.hpp"
 #include "deploy/launch.hpp"
 #include "deploy/warm.hpp"
@@ -170,6 +172,7 @@ struct Fixture {
   std::vector<deploy::Event> watcher_events;
   std::function<void(const nlohmann::json&)> on_phase;  // called at every "phase" event
   std::unique_ptr<deploy::Deployer> deployer;
+  std::vector<const deploy::SwitchStrategy*> switches;  // the switch strategies (empty: the built-in ones)
 
   // "old" verified, linked, active and running; "spare" verified on disk; nothing of "new".
   Fixture() {
@@ -279,6 +282,7 @@ struct Fixture {
   void load() {
     deploy::Services services{cfg, store, hub, client, client, units, pool};
     services.wait_ready = [this](const config::ModelConfig& m, const sys::Fields&) { return ready(m.name); };
+    services.switch_strategies = switches;
     deployer = std::make_unique<deploy::Deployer>(ioc, services, states, watchdog_options());
     deployer->subscribe([this](const deploy::Event& e) { on_event(e); });
     REQUIRE(deployer->load().has_value());
@@ -2053,4 +2057,104 @@ TEST_CASE("a start whose state.json is damaged falls back to its copy and writes
   REQUIRE(st);
   CHECK(st->active.find("old"));
   CHECK(fs::exists(fx.cfg->daemon.state_dir / "state.json.bad"));
+}
+
+// --- The switch strategy seam (switch_strategy.hpp) ---
+
+namespace {
+
+// Test strategies: "gives_up" runs one step of its own (a launching that touches nothing) whose
+// row gives up; "never" does not apply. Both fall back to restart unless `fallback` is empty.
+asio::awaitable<Result<void>> give_up(deploy::RecordRun& r) {
+  // GCC 12: no co_await in a condition, and no class temporary passed to a coroutine.
+  const std::string why = "the test strategy gives up";
+  const bool fell_back = co_await r.fall_back(why);
+  if (fell_back) co_return Result<void>{};
+  co_return make_error(Errc::internal, "the test strategy gives up and has no fallback");
+}
+
+constexpr deploy::PhaseRow kGiveUpRows[] = {
+    {deploy::Step::launching, Phase::launching, "launching", "launching", false, true, give_up, nullptr}};
+
+deploy::SwitchSteps own_launch(bool) { return {{}, {deploy::Step::launching}}; }
+std::span<const deploy::PhaseRow> give_up_rows() { return kGiveUpRows; }
+bool never_committed(const deploy::Deployment&) { return false; }
+deploy::SwitchVerdict applies(const deploy::SwitchQuery&) { return {true, "the test asks for it"}; }
+deploy::SwitchVerdict does_not_apply(const deploy::SwitchQuery&) { return {false, "the test says no"}; }
+
+constexpr deploy::SwitchStrategy kGivesUp{"gives_up", "restart", applies, own_launch, give_up_rows,
+                                          deploy::Step::rolling_back, never_committed, "restart"};
+constexpr deploy::SwitchStrategy kGivesUpAlone{"gives_up", "restart", applies, own_launch, give_up_rows,
+                                               deploy::Step::rolling_back, never_committed, ""};
+constexpr deploy::SwitchStrategy kNever{"never", "restart", does_not_apply, own_launch, give_up_rows,
+                                        deploy::Step::rolling_back, never_committed, "restart"};
+
+}  // namespace
+
+TEST_CASE("a strategy that gives up mid-run falls back to a restart, recorded, and the deployment succeeds") {
+  Fixture fx;
+  fx.switches = {&kGivesUp, &deploy::restart_switch()};
+  fx.boot();
+  auto end = fx.wait_end(fx.deploy("new").id);
+  check_new_serves(fx, end);
+  CHECK(end.switch_method.empty());  // restart
+  CHECK(end.switch_fallback == "the test strategy gives up");
+  // Its own launching showed first, then the restart's steps from stopping_old on.
+  const std::vector<Phase> order{Phase::planning,     Phase::freeing_disk,    Phase::downloading,
+                                 Phase::verifying,    Phase::warming,         Phase::launching,
+                                 Phase::stopping_old, Phase::launching,       Phase::health_checking,
+                                 Phase::benchmarking};
+  CHECK(phase_list(fx.phases()) == phase_list(order));
+  CHECK(fx.position("stop " + kOldUnit) >= 0);
+  // Persisted for a restarted daemon, never shown in the API.
+  auto hist = fx.states.load_history(10);
+  REQUIRE_FALSE(hist.empty());
+  CHECK(hist.front().switch_fallback == "the test strategy gives up");
+  CHECK_FALSE(deploy::to_json(end).contains("switch_fallback"));
+}
+
+TEST_CASE("a strategy that gives up without a fallback fails the deployment and the old model serves on") {
+  Fixture fx;
+  fx.switches = {&kGivesUpAlone, &deploy::restart_switch()};
+  fx.boot();
+  auto end = fx.wait_end(fx.deploy("new").id);
+  CHECK(end.state == State::failed);
+  REQUIRE(end.error);
+  CHECK(end.error->message == "the test strategy gives up and has no fallback");
+  CHECK(end.switch_method == "gives_up");  // chosen after planning and recorded
+  CHECK(fx.position("stop " + kOldUnit) == -1);
+  CHECK(fx.units.states[kOldUnit] == "active");
+  auto active = fx.deployer->active();
+  REQUIRE(active);
+  CHECK(active->model == "old");
+}
+
+TEST_CASE("a strategy that does not apply hands the switch to its fallback, which runs as today") {
+  Fixture fx;
+  fx.switches = {&kNever, &deploy::restart_switch()};
+  fx.boot();
+  auto end = fx.wait_end(fx.deploy("new").id);
+  check_new_serves(fx, end);
+  CHECK(end.switch_method.empty());
+  CHECK(end.switch_fallback.empty());
+  CHECK(phase_list(fx.phases()) == phase_list(kOrder));
+}
+
+TEST_CASE("the built-in restart strategy always applies, commits at stopping_old and rolls back by rolling_back") {
+  const auto& r = deploy::restart_switch();
+  config::ModelConfig m;
+  deploy::Deployment d;
+  const auto v = r.applies(deploy::SwitchQuery{d, m});
+  CHECK(v.applies);
+  CHECK(v.why == "serve.switch is \"restart\"");
+  CHECK_FALSE(r.committed(d));
+  d.old_stopped = true;
+  CHECK(r.committed(d));
+  CHECK(r.rollback == deploy::Step::rolling_back);
+  CHECK(r.fallback.empty());
+  CHECK(deploy::builtin_switches().front() == &r);
+  const auto late = r.steps(false), early = r.steps(true);
+  CHECK(late.after_planning.empty());
+  CHECK(late.after_warming.size() == 3);
+  CHECK(early.after_planning == std::vector{deploy::Step::stopping_old});
 }
