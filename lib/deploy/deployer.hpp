@@ -29,15 +29,6 @@ namespace modeld::deploy {
 
 class RecordRun;
 
-/// MESSAGE_IDs of catalogued journal events (packaging/modeld.catalog explains them).
-namespace message_id {
-inline constexpr const char* started = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f70";
-inline constexpr const char* succeeded = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f71";
-inline constexpr const char* failed = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f72";
-inline constexpr const char* rolled_back = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f73";
-inline constexpr const char* cancelled = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f74";
-}  // namespace message_id
-
 /// The deploy::Control: owns the running deployment, the history and the daemon state.
 class Deployer final : public Control {
  public:

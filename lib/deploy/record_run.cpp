@@ -1,7 +1,6 @@
 // The run of one record: the walk of its plan through the phase table, the no-op rule after
 // planning, the rollback, the end, and the phases' Decisions sink with their progress.
 #include "deploy/record_run.hpp"
-#include "deploy/deployer.hpp"
 #include "deploy/phase_table.hpp"
 #include "deploy/placement.hpp"
 

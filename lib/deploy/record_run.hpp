@@ -183,6 +183,15 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   std::chrono::steady_clock::time_point last_status_{};
 };
 
+/// MESSAGE_IDs of catalogued journal events (packaging/modeld.catalog explains them).
+namespace message_id {
+inline constexpr const char* started = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f70";
+inline constexpr const char* succeeded = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f71";
+inline constexpr const char* failed = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f72";
+inline constexpr const char* rolled_back = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f73";
+inline constexpr const char* cancelled = "5a0f4e2d8c9b4d7e9f1a2b3c4d5e6f74";
+}  // namespace message_id
+
 /// What the journal and refusals call a record of kind `k`: "deployment", "pull" or "stop".
 std::string_view noun_of(Kind k);
 
