@@ -260,6 +260,7 @@ void Daemon::take_over(config::LoadResult fresh) {
     metrics_->reloaded(false);
     return;
   }
+  for (const auto& w : fresh.warnings) sys::log(sys::Level::warning, {}, w.to_string());
   for (const auto& c : config::keep_fixed_settings(*running, *fresh.config))
     sys::logf(sys::Level::warning, "{} changed from {} to {}: it takes effect when modeld restarts; keeping {} until then",
               c.key, c.running, c.requested, c.running);

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   auto loaded = config::load(config_file, config::environment_from_process());
   if (check_only) {
     for (const auto& p : loaded.problems) std::fprintf(stderr, "%s\n", p.to_string().c_str());
+    for (auto w : loaded.warnings) {
+      w.message = "warning: " + w.message;  // FILE:LINE:COL: warning: ..., as compilers write it
+      std::fprintf(stderr, "%s\n", w.to_string().c_str());
+    }
     if (!loaded.config || !loaded.problems.empty()) return 1;
     std::printf("%s: valid, %zu model(s)\n", config_file.c_str(), loaded.config->models.size());
     return 0;
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
               loaded.problems.size());
     return 1;
   }
+  for (const auto& w : loaded.warnings) sys::log(sys::Level::warning, {}, w.to_string());
   try {
     Daemon daemon(std::make_shared<const config::Config>(std::move(*loaded.config)), config_file);
     if (auto r = daemon.start(); !r) {

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include "engine/engine.hpp"
 #include "repo/ids.hpp"
 #include "util/text.hpp"
 #include "util/quantities.hpp"
@@ -122,7 +123,7 @@ constexpr std::string_view kModelKeys[] = {
     "repo", "revision", "include", "exclude", "pinned", "serve", "health", "benchmark"};
 constexpr std::string_view kServeKeys[] = {
     "command", "port", "served_name", "environment", "startup_timeout", "stop_timeout", "gpus", "gpu_ids",
-    "gpu_memory", "warm", "switch"};
+    "gpu_memory", "warm", "switch", "engine", "drain_timeout"};
 constexpr std::string_view kHealthKeys[] = {
     "path", "models_path", "completion", "api_key_file", "stall_timeout", "watch_interval",
     "watch_failures"};
@@ -268,11 +269,16 @@ struct PortSite {
 // each model added whose port and GPU set are valid, where its port is (`sites`).
 class Checker {
  public:
-  Checker(fs::path file, std::vector<Problem>& problems, std::vector<PortSite>& sites)
-      : file_(std::move(file)), problems_(problems), sites_(sites) {}
+  Checker(fs::path file, std::vector<Problem>& problems, std::vector<Problem>& warnings, std::vector<PortSite>& sites)
+      : file_(std::move(file)), problems_(problems), warnings_(warnings), sites_(sites) {}
 
   void problem(const toml::source_region& where, std::string message) {
     problems_.push_back(Problem{file_, static_cast<int>(where.begin.line),
+                                static_cast<int>(where.begin.column), std::move(message)});
+  }
+
+  void warning(const toml::source_region& where, std::string message) {
+    warnings_.push_back(Problem{file_, static_cast<int>(where.begin.line),
                                 static_cast<int>(where.begin.column), std::move(message)});
   }
 
@@ -410,9 +416,10 @@ class Checker {
     return false;
   }
 
-  // A duration string such as "90s", "60m", "2h"; zero is refused because every duration here
-  // is a timeout or a period.
-  bool read_duration(const toml::table& t, std::string_view key, const std::string& name, milliseconds& out) {
+  // A duration string such as "90s", "60m", "2h"; zero is refused because a duration here is a
+  // timeout or a period, unless `zero_allowed`: "0s" then means off (serve.drain_timeout).
+  bool read_duration(const toml::table& t, std::string_view key, const std::string& name, milliseconds& out,
+                     bool zero_allowed = false) {
     const toml::node* node = t.get(key);
     if (node == nullptr) return false;
     const auto* s = node->as_string();
@@ -426,7 +433,7 @@ class Checker {
               fmt::format("bad duration \"{}\" for {}; write e.g. \"90s\", \"60m\" or \"2h\" (at most 100 years)", s->get(), name));
       return false;
     }
-    if (d->count() == 0) {
+    if (d->count() == 0 && !zero_allowed) {
       problem(node->source(), fmt::format("{} must be longer than zero", name));
       return false;
     }
@@ -645,8 +652,34 @@ class Checker {
     if (read(t, "switch", prefix + ".switch", out.switch_setting) && out.switch_setting != "restart")
       problem(t.get("switch")->source(),
               fmt::format("{}.switch must be \"restart\", got \"{}\"", prefix, out.switch_setting));
+    check_engine(t, prefix, out);
     if (!port_valid || !gpu_ids_valid) return std::nullopt;
     return t.contains("port") ? t.get("port")->source() : t.source();
+  }
+
+  // serve.engine (a name lib/engine knows, at its line otherwise) and serve.drain_timeout; warns
+  // where the engine and the command disagree, and where vLLM's --shutdown-timeout in the command
+  // is not drain_timeout.
+  void check_engine(const toml::table& t, const std::string& prefix, ServeConfig& out) {
+    const engine::Adapter* adapter = &engine::generic();
+    if (read(t, "engine", prefix + ".engine", out.engine)) {
+      adapter = engine::find(out.engine);
+      if (adapter == nullptr)
+        problem(t.get("engine")->source(), fmt::format("{}.engine must be \"generic\", \"vllm\" or \"sglang\", got \"{}\"",
+                                                       prefix, out.engine));
+    }
+    read_duration(t, "drain_timeout", prefix + ".drain_timeout", out.drain_timeout, true);
+    if (adapter == nullptr || out.command.empty()) return;
+    const toml::source_region where = t.contains("engine") ? t.get("engine")->source() : t.get("command")->source();
+    if (auto why = engine::disagreement(*adapter, out.command, prefix)) warning(where, *why);
+    if (adapter->drain_flag.empty() || out.drain_timeout.count() == 0) return;
+    const auto written = engine::flag_value(out.command, adapter->drain_flag);
+    const auto drain_s = std::chrono::ceil<std::chrono::seconds>(out.drain_timeout).count();
+    if (written && *written != std::to_string(drain_s))
+      warning(t.get("command")->source(),
+              fmt::format("{0}.command sets {1} {2} but {0}.drain_timeout is {3} s: the server gives up draining "
+                          "at the one and modeld kills it at the other; write one of them only",
+                          prefix, adapter->drain_flag, *written, drain_s));
   }
 
   void check_health(const toml::table& t, const std::string& prefix, const std::string& header, HealthConfig& out) {
@@ -780,6 +813,7 @@ class Checker {
  private:
   fs::path file_;
   std::vector<Problem>& problems_;
+  std::vector<Problem>& warnings_;
   std::vector<PortSite>& sites_;
 };
 
@@ -855,7 +889,7 @@ LoadResult load(const fs::path& file, const Environment& env) {
   bool endpoint_set = false;
   std::vector<PortSite> sites;  // every model's port, in the order files and models are read
   if (auto root = parse(file, problems)) {
-    endpoint_set = Checker(file, problems, sites).check_main(*root, config);
+    endpoint_set = Checker(file, problems, result.warnings, sites).check_main(*root, config);
     check_shared_ports(sites, 0, problems);
     sort_by_position(problems, 0);
   }
@@ -873,7 +907,7 @@ LoadResult load(const fs::path& file, const Environment& env) {
       std::size_t first = problems.size();
       std::size_t first_site = sites.size();
       if (auto root = parse(f, problems)) {
-        Checker(f, problems, sites).check_model_file(*root, config);
+        Checker(f, problems, result.warnings, sites).check_model_file(*root, config);
         check_shared_ports(sites, first_site, problems);
       }
       sort_by_position(problems, first);
@@ -894,6 +928,8 @@ LoadResult load(const fs::path& file, const Environment& env) {
   if (problems.empty()) result.config = std::move(config);
   return result;
 }
+
+std::chrono::milliseconds stop_budget(const ServeConfig& serve) { return serve.drain_timeout + serve.stop_timeout; }
 
 std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded) {
   std::vector<FixedChange> out;

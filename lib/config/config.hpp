@@ -93,6 +93,13 @@ struct ServeConfig {
   /// serve.switch: how the service switches to a new revision; "restart" (the only way yet, the
   /// default): its service is stopped and started on the new revision.
   std::string switch_setting = "restart";
+  /// serve.engine: the inference engine the command runs, "generic" (the default: modeld knows
+  /// nothing of it), "vllm" or "sglang" (lib/engine: its programs and drain flag).
+  std::string engine = "generic";
+  /// serve.drain_timeout: how long the server's main process alone has after SIGTERM to finish the
+  /// requests in flight before the rest of its control group is killed (drop-in KillMode=mixed); 0
+  /// (the default): every process is signalled at once, as before.
+  milliseconds drain_timeout{0};
 
   friend bool operator==(const ServeConfig&, const ServeConfig&) = default;
 };
@@ -186,9 +193,13 @@ Environment environment_from_process();
 /// (gpu_sets_overlap) are a problem at the port of the one read later (the main file first, then
 /// models.d by name; in a file by position; the serve table when the port is the default), naming
 /// the other and its file:line. Reads the files (blocks): call it off the event loop.
+/// `warnings`: what may be meant otherwise but can work (serve.engine and serve.command
+/// disagreeing, vLLM's --shutdown-timeout against serve.drain_timeout), each at its key; they never
+/// refuse the configuration.
 struct LoadResult {
   std::optional<Config> config;
   std::vector<Problem> problems;
+  std::vector<Problem> warnings;
 };
 LoadResult load(const std::filesystem::path& file, const Environment& env);
 
@@ -212,6 +223,10 @@ struct FixedChange {
 /// and returns what differed, in that order. Models, hub.parallel_files, hub.max_bytes_per_s
 /// and daemon.disk_reserve and warm_reserve are left as reloaded.
 std::vector<FixedChange> keep_fixed_settings(const Config& running, Config& reloaded);
+
+/// How long a stop of the model's service may take before SIGKILL: serve.drain_timeout plus
+/// serve.stop_timeout (the drop-in's TimeoutStopSec=).
+std::chrono::milliseconds stop_budget(const ServeConfig& serve);
 
 /// Returns `model.serve.command` with {model_dir} (`model_dir`), {name}, {served_name} and {port}
 /// replaced wherever they occur inside each argument ("--port={port}"), in one pass (substituted

@@ -176,7 +176,7 @@ asio::awaitable<std::map<std::string, Result<units::UnitStatus>>> Deployer::sett
               "later, which starts instead; deploy {} again once the configuration lets both serve",
               it->model, winner->model, *why, it->model);
     if (up) {
-      const std::chrono::milliseconds wait = stop_wait(m ? m->serve.stop_timeout : std::chrono::minutes(5));
+      const std::chrono::milliseconds wait = stop_wait(m ? config::stop_budget(m->serve) : std::chrono::minutes(5));
       if (auto r = co_await services_.units.stop(unit); !r)
         sys::logf(sys::Level::error, f, "cannot stop {}: {}", unit, r.error().message);
       else if (auto w = co_await units::wait_inactive(services_.units, unit, wait); !w)

@@ -3,6 +3,7 @@
 #include "deploy/warm.hpp"
 
 #include "deploy/gpu_watch.hpp"
+#include "engine/engine.hpp"
 #include "gpu/nvml.hpp"
 #include "store/store.hpp"
 #include "units/service_manager.hpp"
@@ -40,11 +41,27 @@ std::string seconds(std::chrono::milliseconds d) {
   return fmt::format("{}s", std::max<long long>(1, std::chrono::duration_cast<std::chrono::seconds>(d).count()));
 }
 
+// The command with the engine's drain flag added when serve.drain_timeout is set and the command
+// does not set the flag itself (vLLM's --shutdown-timeout: lib/engine/vllm.cpp cites it; config
+// warns where a written one is not drain_timeout). Without a drain the command is as configured.
+std::vector<std::string> with_drain_flag(const config::ServeConfig& serve, std::vector<std::string> argv) {
+  const engine::Adapter* adapter = engine::find(serve.engine);
+  if (serve.drain_timeout.count() == 0 || adapter == nullptr || adapter->drain_flag.empty()) return argv;
+  if (engine::flag_value(argv, adapter->drain_flag)) return argv;
+  argv.emplace_back(adapter->drain_flag);
+  argv.push_back(std::to_string(std::chrono::ceil<std::chrono::seconds>(serve.drain_timeout).count()));
+  return argv;
+}
+
 }  // namespace
 
 StartedSettings started_settings(const config::ModelConfig& model, const std::filesystem::path& model_dir) {
-  return StartedSettings{config::expand_command(model, model_dir), model.serve.environment, model_dir.string(),
-                         model.serve.gpus, model.serve.port, model.serve.gpu_ids};
+  return StartedSettings{with_drain_flag(model.serve, config::expand_command(model, model_dir)),
+                         model.serve.environment,
+                         model_dir.string(),
+                         model.serve.gpus,
+                         model.serve.port,
+                         model.serve.gpu_ids};
 }
 
 std::string render_dropin(const config::ModelConfig& model, const std::filesystem::path& model_dir,
@@ -76,7 +93,11 @@ std::string render_dropin(const config::ModelConfig& model, const StartedSetting
     out += "Environment=" + quote(fmt::format("CUDA_VISIBLE_DEVICES={}", fmt::join(gpu_uuids, ",")), false) + "\n";
   // modeld enforces startup_timeout itself (it can be hours), so systemd must not give up first.
   out += "TimeoutStartSec=infinity\n";
-  out += fmt::format("TimeoutStopSec={}\n", seconds(model.serve.stop_timeout));
+  // With a drain the main process alone gets SIGTERM and drain_timeout + stop_timeout to exit; the
+  // rest of the control group gets SIGKILL once it has (systemd.kill(5) KillMode=mixed). Without
+  // one the template's KillMode=control-group stands and the drop-in is what it always was.
+  if (model.serve.drain_timeout.count() > 0) out += "KillMode=mixed\n";
+  out += fmt::format("TimeoutStopSec={}\n", seconds(config::stop_budget(model.serve)));
   return out;
 }
 

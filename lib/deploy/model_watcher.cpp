@@ -335,7 +335,7 @@ asio::awaitable<bool> ModelWatcher::restart(Watched& w, bool up) {
   if (up) {
     if (auto s = co_await services_.units.stop(w.unit); !s)
       sys::logf(sys::Level::error, w.f, "watchdog: cannot stop {}: {}", w.unit, s.error().message);
-    else if (auto r = co_await units::wait_inactive(services_.units, w.unit, stop_wait(w.m.serve.stop_timeout)); !r)
+    else if (auto r = co_await units::wait_inactive(services_.units, w.unit, stop_wait(config::stop_budget(w.m.serve))); !r)
       sys::logf(sys::Level::error, w.f, "watchdog: {}", r.error().message);
     if (w.run.stop) co_return false;
   }

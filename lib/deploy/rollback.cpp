@@ -60,7 +60,7 @@ boost::asio::awaitable<Result<void>> start_previous(Services& s, const Run& run,
 
 boost::asio::awaitable<Result<Restored>> run_rolling_back(Services& s, const Run& run) {
   const auto new_unit = units::serve_unit(run.model.name);
-  const auto stop_timeout = run.model.serve.stop_timeout;
+  const auto stop_timeout = config::stop_budget(run.model.serve);
   sys::logf(sys::Level::warning, run.fields(), "stopping {}", new_unit);
   if (auto r = co_await s.units.stop(new_unit); !r)
     co_return make_error(Errc::rollback_failed, "could not stop the new service: " + r.error().message);

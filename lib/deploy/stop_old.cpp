@@ -50,7 +50,7 @@ std::vector<OldService> old_services(const Services& s, const Run& run) {
   for (const auto& a : run.record.previous) {
     const auto* cfg = s.config->find_model(a.model);
     OldService o{a.model, units::serve_unit(a.model)};
-    if (cfg) o.stop_timeout = cfg->serve.stop_timeout;
+    if (cfg) o.stop_timeout = config::stop_budget(cfg->serve);
     o.port = placement_of(a, cfg).port;
     out.push_back(std::move(o));
   }

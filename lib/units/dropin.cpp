@@ -262,6 +262,8 @@ Result<void> apply_service_setting(ProcessSpec& out, std::string_view key, std::
     auto t = parse_timespan(value);
     if (!t) return make_error(Errc::config_invalid, std::string(key) + "=: " + t.error().message);
     out.stop_timeout = *t;
+  } else if (key == "KillMode") {
+    out.kill_mixed = value == "mixed";
   }
   // Every other setting (TimeoutStartSec= included: modeld enforces startup_timeout itself) is
   // systemd's business and has no meaning here.

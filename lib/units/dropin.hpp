@@ -17,7 +17,7 @@ namespace modeld::units {
 inline constexpr std::chrono::milliseconds kInfinity = std::chrono::milliseconds::max();
 
 /// What the process backend runs for a unit: the [Service] settings of its drop-ins that it
-/// honours (ExecStart=, WorkingDirectory=, Environment=, TimeoutStopSec=); others are ignored.
+/// honours (ExecStart=, WorkingDirectory=, Environment=, TimeoutStopSec=, KillMode=); others are ignored.
 struct ProcessSpec {
   /// ExecStart= split into words, quotes and specifiers resolved; `$$`, `${VAR}` and `$VAR` are
   /// left for exec_argv(), as systemd expands them against the unit's environment at exec time.
@@ -26,6 +26,10 @@ struct ProcessSpec {
   /// Environment= assignments in order ("KEY=VALUE"); a later one for the same KEY wins.
   std::vector<std::string> environment;
   std::chrono::milliseconds stop_timeout = std::chrono::seconds(90);  ///< systemd's default
+  /// KillMode=mixed: a stop sends SIGTERM to the main process alone, and SIGKILL to the rest of the
+  /// group once it has exited or the stop timeout passed; false: KillMode=control-group (the
+  /// template's), every other value included.
+  bool kill_mixed = false;
 };
 
 /// Applies one drop-in's [Service] section to `spec` the way systemd merges drop-ins: an empty

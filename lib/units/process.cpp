@@ -168,6 +168,7 @@ struct Unit {
   std::optional<int> wait_status;  // waitpid()'s status once known
   std::string invocation_id;
   std::chrono::milliseconds stop_timeout = std::chrono::seconds(90);  // of this run
+  bool kill_mixed = false;  // KillMode=mixed for this run (ProcessSpec::kill_mixed)
   // Once the run is over: "inactive" or "failed", with systemd's Result and ExecMainStatus.
   std::string final_state = "inactive";
   std::string result = "success";
@@ -186,6 +187,7 @@ void begin_run(Unit& u) {
   u.wait_status.reset();
   u.invocation_id = random_id();
   u.stop_timeout = u.spec.stop_timeout;
+  u.kill_mixed = u.spec.kill_mixed;
   u.final_state = "inactive";
   u.result = "success";
   u.exec_main_status = 0;
@@ -433,11 +435,14 @@ class Core : public std::enable_shared_from_this<Core> {
   }
 
   // SIGTERM and SIGCONT (a stopped process must run to handle SIGTERM) to the whole group, and
-  // SIGKILL to it after the stop timeout, as systemd's KillMode=control-group does.
+  // SIGKILL to it after the stop timeout, as systemd's KillMode=control-group does; with
+  // KillMode=mixed the SIGTERM goes to the main process alone while it runs (main_exited() kills
+  // the rest once it is gone).
   void terminate(const std::string& name, Unit& u) {
+    const pid_t target = u.kill_mixed && u.main_running ? u.pid : -u.pgid;
     if (u.pgid) {
-      ::kill(-u.pgid, SIGTERM);
-      ::kill(-u.pgid, SIGCONT);
+      ::kill(target, SIGTERM);
+      ::kill(target, SIGCONT);
     }
     if (u.kill_timer || u.stop_timeout == kInfinity) return;
     u.kill_timer = std::make_unique<asio::steady_timer>(executor_, u.stop_timeout);
@@ -496,8 +501,12 @@ class Core : public std::enable_shared_from_this<Core> {
       u.pidfd->close(ec);
       u.pidfd.reset();
     }
-    // The rest of the group is stopped as systemd stops a unit's cgroup after its main process.
-    if (group_alive(u.pgid)) terminate(name, u);
+    // The rest of the group is stopped as systemd stops a unit's cgroup after its main process:
+    // with KillMode=mixed by SIGKILL at once, as systemd's final SIGKILL of the cgroup.
+    if (group_alive(u.pgid) && u.kill_mixed)
+      ::kill(-u.pgid, SIGKILL);
+    else if (group_alive(u.pgid))
+      terminate(name, u);
     refresh(name, u);
   }
 

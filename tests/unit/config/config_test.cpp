@@ -1085,3 +1085,96 @@ TEST_CASE("the shipped model examples load together once renamed: MiniMax on GPU
   CHECK_FALSE(gpu_sets_overlap(qwen->serve.gpu_ids, minimax->serve.gpu_ids));
   CHECK(gpu_sets_overlap(kimi->serve.gpu_ids, qwen->serve.gpu_ids));
 }
+
+// -- serve.engine and serve.drain_timeout (interface.md "The engine: serve.engine", "Draining").
+
+namespace {
+
+// A model whose serve table runs `command` (a TOML array) and ends with `extra` lines.
+std::string engine_model(std::string_view command, std::string_view extra) {
+  return fmt::format("[models.m]\nrepo = \"org/m\"\n\n[models.m.serve]\ncommand = {}\n{}", command, extra);
+}
+
+}  // namespace
+
+TEST_CASE("serve.engine is generic by default, names a known engine, and any other value is a problem at its line") {
+  TempDir dir;
+  SECTION("the default: no warning for a command of no known engine") {
+    LoadResult r = load(dir.write("modeld.toml", std::string(kMinimalModel)), Environment{});
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.engine == "generic");
+    CHECK(r.config->models.at("m").serve.drain_timeout == 0ms);
+    CHECK(r.warnings.empty());
+  }
+  SECTION("vllm with a vllm command") {
+    LoadResult r = load(dir.write("modeld.toml", engine_model(R"(["vllm", "serve", "{model_dir}"])",
+                                                              "engine = \"vllm\"\ndrain_timeout = \"30s\"\n")),
+                        Environment{});
+    INFO(dump(r));
+    REQUIRE(r.config);
+    CHECK(r.config->models.at("m").serve.engine == "vllm");
+    CHECK(r.config->models.at("m").serve.drain_timeout == 30s);
+    CHECK(r.warnings.empty());
+  }
+  SECTION("another value") {
+    LoadResult r = load(dir.write("modeld.toml", std::string(kMinimalModel) + "engine = \"tgi\"\n"), Environment{});
+    const Problem* p = find_problem(r, "models.m.serve.engine must be \"generic\", \"vllm\" or \"sglang\", got \"tgi\"");
+    REQUIRE(p != nullptr);
+    CHECK(p->line == 6);
+    CHECK_FALSE(r.config);
+  }
+  SECTION("a drain_timeout that is no duration") {
+    LoadResult r = load(dir.write("modeld.toml", std::string(kMinimalModel) + "drain_timeout = \"soon\"\n"),
+                        Environment{});
+    REQUIRE_FALSE(r.problems.empty());
+    CHECK(r.problems.front().line == 6);
+    CHECK(r.problems.front().message.find("models.m.serve.drain_timeout") != std::string::npos);
+  }
+}
+
+TEST_CASE("a configuration warns, without refusing, where serve.engine and serve.command disagree") {
+  TempDir dir;
+  SECTION("engine vllm, a command that is not vllm: at the engine key") {
+    LoadResult r = load(dir.write("modeld.toml", std::string(kMinimalModel) + "engine = \"vllm\"\n"), Environment{});
+    REQUIRE(r.config);
+    REQUIRE(r.warnings.size() == 1);
+    CHECK(r.warnings[0].line == 6);
+    CHECK(r.warnings[0].message.find("models.m.serve.engine is \"vllm\" but models.m.serve.command does not run it") ==
+          0);
+  }
+  SECTION("engine generic (the default), a command that is sglang: at the command") {
+    LoadResult r = load(dir.write("modeld.toml", engine_model(R"(["python3", "-m", "sglang.launch_server"])", "")),
+                        Environment{});
+    REQUIRE(r.config);
+    REQUIRE(r.warnings.size() == 1);
+    CHECK(r.warnings[0].line == 5);
+    CHECK(r.warnings[0].message.find("engine = \"sglang\" would give it an engine-aware switch") != std::string::npos);
+  }
+}
+
+TEST_CASE("vLLM's --shutdown-timeout in the command is checked against serve.drain_timeout") {
+  TempDir dir;
+  auto load_with = [&](std::string_view command, std::string_view drain) {
+    return load(dir.write("modeld.toml", engine_model(command, fmt::format("engine = \"vllm\"\ndrain_timeout = \"{}\"\n",
+                                                                           drain))),
+                Environment{});
+  };
+  SECTION("equal: no warning") {
+    LoadResult r = load_with(R"(["vllm", "serve", "x", "--shutdown-timeout", "30"])", "30s");
+    REQUIRE(r.config);
+    CHECK(r.warnings.empty());
+  }
+  SECTION("different: a warning at the command") {
+    LoadResult r = load_with(R"(["vllm", "serve", "x", "--shutdown-timeout=10"])", "30s");
+    REQUIRE(r.config);
+    REQUIRE(r.warnings.size() == 1);
+    CHECK(r.warnings[0].line == 5);
+    CHECK(r.warnings[0].message.find("models.m.serve.command sets --shutdown-timeout 10 but "
+                                     "models.m.serve.drain_timeout is 30 s") == 0);
+  }
+  SECTION("no drain_timeout: the command's flag is the user's own") {
+    LoadResult r = load_with(R"(["vllm", "serve", "x", "--shutdown-timeout", "10"])", "0s");
+    REQUIRE(r.config);
+    CHECK(r.warnings.empty());
+  }
+}

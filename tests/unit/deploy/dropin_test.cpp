@@ -96,3 +96,55 @@ TEST_CASE("a configured CUDA_DEVICE_ORDER comes after modeld's, so systemd lets 
   CHECK(lines[1] == "Environment=\"CUDA_DEVICE_ORDER=FASTEST_FIRST\"");
   CHECK(lines.back() == "Environment=\"CUDA_VISIBLE_DEVICES=GPU-0\"");
 }
+
+// -- serve.drain_timeout (interface.md "Draining before a stop").
+
+namespace {
+
+config::ModelConfig vllm_model(std::vector<std::string> command) {
+  config::ModelConfig m;
+  m.name = "m";
+  m.repo = "org/m";
+  m.serve.command = std::move(command);
+  m.serve.stop_timeout = std::chrono::minutes(5);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("without a drain the drop-in keeps the template's KillMode and the stop timeout alone") {
+  auto m = vllm_model({"vllm", "serve", "{model_dir}"});
+  m.serve.engine = "vllm";
+  const auto text = deploy::render_dropin(m, "/models/m", {});
+  CHECK(text.find("KillMode") == std::string::npos);
+  CHECK(text.find("TimeoutStopSec=300s\n") != std::string::npos);
+  CHECK(deploy::started_settings(m, "/models/m").command == std::vector<std::string>{"vllm", "serve", "/models/m"});
+}
+
+TEST_CASE("with a drain the drop-in sets KillMode=mixed and a stop timeout covering drain and stop") {
+  auto m = vllm_model({"server", "{model_dir}"});
+  m.serve.drain_timeout = std::chrono::seconds(30);
+  const auto text = deploy::render_dropin(m, "/models/m", {});
+  CHECK(text.find("KillMode=mixed\nTimeoutStopSec=330s\n") != std::string::npos);
+  SECTION("generic: the command is as written") {
+    CHECK(deploy::started_settings(m, "/models/m").command == std::vector<std::string>{"server", "/models/m"});
+  }
+}
+
+TEST_CASE("for vllm a drain adds --shutdown-timeout unless the command sets it") {
+  auto m = vllm_model({"vllm", "serve", "{model_dir}"});
+  m.serve.engine = "vllm";
+  m.serve.drain_timeout = std::chrono::milliseconds(29'500);  // whole seconds, rounded up
+  CHECK(deploy::started_settings(m, "/models/m").command ==
+        std::vector<std::string>{"vllm", "serve", "/models/m", "--shutdown-timeout", "30"});
+  CHECK(deploy::render_dropin(m, "/models/m", {}).find("\"--shutdown-timeout\" \"30\"\n") != std::string::npos);
+  SECTION("written in the command: left as written") {
+    m.serve.command.push_back("--shutdown-timeout=10");
+    CHECK(deploy::started_settings(m, "/models/m").command ==
+          std::vector<std::string>{"vllm", "serve", "/models/m", "--shutdown-timeout=10"});
+  }
+  SECTION("sglang has no drain flag") {
+    m.serve.engine = "sglang";
+    CHECK(deploy::started_settings(m, "/models/m").command == std::vector<std::string>{"vllm", "serve", "/models/m"});
+  }
+}

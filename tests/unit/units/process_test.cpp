@@ -404,3 +404,35 @@ TEST_CASE("the process backend finds a unit's output by its identifier, and none
   auto with_journal = make_process_manager(h.io.get_executor(), o);
   CHECK(with_journal->journal_of(h.unit).readable == (::access("/run/systemd/journal/stdout", F_OK) == 0));
 }
+
+TEST_CASE("with KillMode=mixed a stop signals the main process alone, and kills the rest once it has exited") {
+  Harness h;
+  auto worker_ready = h.dir / "worker-ready";
+  auto worker_term = h.dir / "worker-got-sigterm";
+  auto drained = h.dir / "drained";
+  // The worker would note a SIGTERM; the main process drains 300 ms on SIGTERM, then exits 0.
+  h.configure("(trap \"touch '" + worker_term.string() + "'\" TERM; touch '" + worker_ready.string() +
+                  "'; while :; do sleep 0.05; done) & trap \"sleep 0.3; touch '" + drained.string() +
+                  "'; exit 0\" TERM; while :; do sleep 0.05; done",
+              "KillMode=mixed\nTimeoutStopSec=20s\n");
+  h.start();
+  REQUIRE(h.wait_file(worker_ready));
+  REQUIRE(h.pids().size() >= 2);
+  auto t0 = std::chrono::steady_clock::now();
+  h.stop();
+  auto end = h.wait_ended();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took >= 300ms);
+  CHECK(took < 10s);  // not the stop timeout: the rest went at the main process's exit
+  CHECK(std::filesystem::exists(drained));
+  CHECK_FALSE(std::filesystem::exists(worker_term));
+  CHECK(end.active_state == ActiveState::inactive);
+  CHECK(end.result == "success");
+  CHECK(h.pids().empty());
+}
+
+TEST_CASE("KillMode is read from the drop-ins: mixed, else the template's control-group") {
+  CHECK(parse("[Service]\nKillMode=mixed\n").kill_mixed);
+  CHECK_FALSE(parse("[Service]\nKillMode=control-group\n").kill_mixed);
+  CHECK_FALSE(parse("[Service]\nExecStart=/bin/true\n").kill_mixed);
+}
