@@ -273,13 +273,17 @@ class Checker {
       : file_(std::move(file)), problems_(problems), warnings_(warnings), sites_(sites) {}
 
   void problem(const toml::source_region& where, std::string message) {
-    problems_.push_back(Problem{file_, static_cast<int>(where.begin.line),
-                                static_cast<int>(where.begin.column), std::move(message)});
+    problems_.push_back(at(where, std::move(message)));
   }
 
   void warning(const toml::source_region& where, std::string message) {
-    warnings_.push_back(Problem{file_, static_cast<int>(where.begin.line),
-                                static_cast<int>(where.begin.column), std::move(message)});
+    warnings_.push_back(at(where, std::move(message)));
+  }
+
+  // `message` at `where` in this file.
+  Problem at(const toml::source_region& where, std::string message) const {
+    return Problem{file_, static_cast<int>(where.begin.line), static_cast<int>(where.begin.column),
+                   std::move(message)};
   }
 
   // Reports every key of `table` that the schema does not know; `where` names the table in

@@ -237,9 +237,7 @@ asio::awaitable<void> RecordRun::choose_strategy() {
   // A run that fell back keeps its fallback when it plans again after a restart.
   if (!record_.switch_fallback.empty()) co_return;
   const auto choice = choose_switch(services_, SwitchQuery{record_, run_->model});
-  switch_ = choice.strategy;
-  record_.switch_method = switch_ == &restart_switch() ? std::string() : std::string(switch_->method);
-  replan();
+  switch_with(*choice.strategy);
   co_await persist();
   sys::logf(sys::Level::info, fields(), "the switch of {} will be a {}: {}", record_.model, switch_->method,
             choice.why);
@@ -250,19 +248,24 @@ asio::awaitable<bool> RecordRun::fall_back(const std::string& why) {
   if (!next || next == switch_) co_return false;
   sys::logf(sys::Level::warning, fields(), "the {} of {} falls back to a {}: {}", switch_->method, record_.model,
             next->method, why);
-  switch_ = next;
-  record_.switch_method = switch_ == &restart_switch() ? std::string() : std::string(switch_->method);
+  switch_with(*next);
   record_.switch_fallback = why;
-  replan();
   co_await persist();
   fell_back_ = true;
   co_return true;
 }
 
+void RecordRun::switch_with(const SwitchStrategy& strategy) {
+  switch_ = &strategy;
+  record_.switch_method = switch_ == &restart_switch() ? std::string() : std::string(switch_->method);
+  replan();
+}
+
 std::size_t RecordRun::fallback_index() const {
   const auto own = switch_->steps(record_.downtime_first);
+  if (own.after_warming.empty()) return steps_.size();
   for (std::size_t i = 0; i < steps_.size(); ++i)
-    if (!own.after_warming.empty() && steps_[i].step == own.after_warming.front()) return i;
+    if (steps_[i].step == own.after_warming.front()) return i;
   return steps_.size();
 }
 

@@ -150,6 +150,9 @@ class RecordRun final : public Decisions, public std::enable_shared_from_this<Re
   // After planning, before the switch: the strategy that applies (choose_switch) recorded, the
   // plan computed with it, persisted and logged; a run that fell back keeps its fallback.
   boost::asio::awaitable<void> choose_strategy();
+  // The run switches with `strategy` from here: recorded in the record (empty for restart) and
+  // the plan computed with it; the caller persists.
+  void switch_with(const SwitchStrategy& strategy);
   // The index in the plan where the run continues after a fallback: the strategy's first step
   // after warming.
   std::size_t fallback_index() const;
